@@ -1,0 +1,427 @@
+"""localplane's HTTP surface: the control plane (``/v1``), the gateway (``/training/v1``) and
+the admin API (``/admin/v1``), on one address (trainer-api.md §2, §4, §6).
+
+Routes parse and authorize, then call the :class:`~localplane.plane.Plane`'s services.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import secrets
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from sse_starlette import EventSourceResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from localplane import catalog
+from localplane import checkpoints as ckpt
+from localplane.errors import (
+    InvalidArgument,
+    NotFound,
+    PlaneError,
+    describe_validation_error,
+    error_response,
+    install_error_handlers,
+)
+from localplane.events import EVENT_TYPE
+from localplane.plane import Plane, Principal
+from localplane.storage import JobRecord
+from localplane.validation import validate_create
+from shepherd.platform import rules
+from shepherd.states import JobState
+
+DEFAULT_PAGE_SIZE = 50
+MAX_PAGE_SIZE = 1000
+SSE_PING_S = 10
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+async def json_body(request: Request) -> Any:
+    raw = await request.body()
+    if not raw.strip():
+        return {}
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise InvalidArgument("request body is not valid JSON") from None
+
+
+def _page_size(request: Request) -> int:
+    raw = request.query_params.get("pageSize")
+    if raw is None or raw == "":
+        return DEFAULT_PAGE_SIZE
+    try:
+        size = int(raw)
+    except ValueError:
+        raise InvalidArgument(f"pageSize: {raw!r} must be an integer") from None
+    if size < 0:
+        raise InvalidArgument("pageSize: must be >= 0")
+    return min(size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+
+
+def _offset(request: Request) -> int:
+    token = request.query_params.get("pageToken")
+    if not token:
+        return 0
+    try:
+        offset = json.loads(base64.urlsafe_b64decode(token.encode() + b"==="))["o"]
+        if not isinstance(offset, int) or offset < 0:
+            raise ValueError
+        return offset
+    except (ValueError, KeyError, TypeError, json.JSONDecodeError):
+        raise InvalidArgument("pageToken: not a token this server issued") from None
+
+
+def _token(offset: int) -> str:
+    return base64.urlsafe_b64encode(json.dumps({"o": offset}).encode()).decode().rstrip("=")
+
+
+def paginate(request: Request, items: list[Any]) -> tuple[list[Any], str]:
+    size, offset = _page_size(request), _offset(request)
+    page = items[offset : offset + size]
+    return page, _token(offset + size) if offset + size < len(items) else ""
+
+
+# ------------------------------------------------------------------------------ faults
+
+
+class ControlPlaneFaults:
+    """Injected latency, outages and 5xx on the control plane (``/v1``) — pure ASGI so
+    streaming answers pass untouched. ``after`` mode lets the request take effect and then
+    loses its answer, the nastiest failure for a client that retries."""
+
+    def __init__(self, app: ASGIApp, plane: Callable[[], Plane]) -> None:
+        self.app = app
+        self.plane = plane
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+            await self.app(scope, receive, send)
+            return
+        plane = self.plane()
+        cfg = plane.config
+        plane.storage.incr("controlPlaneRequests")
+        if cfg.latency_ms.max > 0:
+            await asyncio.sleep(plane.rng.uniform(cfg.latency_ms.min, cfg.latency_ms.max) / 1000.0)
+        if cfg.outage is not None and cfg.outage.active(datetime.now(UTC)):
+            plane.storage.incr("injected5xx")
+            await error_response(503, "UNAVAILABLE", "the control plane is unavailable (outage)")(scope, receive, send)
+            return
+        if not cfg.control_plane_5xx_rate or plane.rng.random() >= cfg.control_plane_5xx_rate:
+            await self.app(scope, receive, send)
+            return
+        plane.storage.incr("injected5xx")
+        code = plane.rng.choice((500, 503))
+        failure = error_response(code, "INTERNAL" if code == 500 else "UNAVAILABLE", "injected control-plane failure")
+        mode = cfg.control_plane_5xx_mode
+        after = mode == "after" or (mode == "mixed" and plane.rng.random() < 0.5)
+        if after and not scope["path"].endswith(":watch"):
+
+            async def swallow(message: Message) -> None:
+                return None
+
+            await self.app(scope, receive, swallow)
+        await failure(scope, receive, send)
+
+
+# ------------------------------------------------------------------------------ the app
+
+
+def create_app(plane: Plane) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await plane.start()
+        try:
+            yield
+        finally:
+            await plane.stop()
+
+    app = FastAPI(title="localplane", version="0.1.0", lifespan=lifespan)
+    app.state.plane = plane
+    install_error_handlers(app)
+    app.add_middleware(ControlPlaneFaults, plane=lambda: plane)
+
+    async def principal(request: Request) -> Principal:
+        return plane.authenticate(request.headers.get("authorization"))
+
+    def account_access(a: str, who: Principal = Depends(principal)) -> str:
+        plane.check_account(who, a)
+        return a
+
+    def admin_access(who: Principal = Depends(principal)) -> Principal:
+        plane.check_admin(who)
+        return who
+
+    def job_access(a: str, j: str, who: Principal = Depends(principal)) -> JobRecord:
+        plane.check_account(who, a)
+        rec = plane.jobs.require(a, j)
+        plane.storage.incr("controlPlaneRequests", rec.name)
+        return rec
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        if isinstance(exc, PlaneError):
+            return JSONResponse(exc.body(), status_code=exc.code)
+        return error_response(500, "INTERNAL", f"internal error: {type(exc).__name__}")
+
+    @app.get("/healthz", include_in_schema=False)
+    async def healthz() -> dict[str, Any]:
+        return {"status": "ok", "liveTrainers": plane.jobs.live_trainers()}
+
+    v1 = APIRouter(prefix="/v1")
+
+    # ------------------------------------------------------------- accounts
+
+    @v1.get("/accounts")
+    async def list_accounts(request: Request, who: Principal = Depends(principal)) -> dict[str, Any]:
+        _page_size(request)
+        if who.kind != "user":
+            return {"accounts": []}
+        return {"accounts": [{"name": f"accounts/{who.account_id}"}]}
+
+    # ----------------------------------------------------------------- jobs
+
+    @v1.post("/accounts/{a}/rlorTrainerJobs")
+    async def create_job(request: Request, a: str = Depends(account_access)) -> dict[str, Any]:
+        query = dict(request.query_params)
+        valid = validate_create(query, await json_body(request), plane.data_dir)
+        return plane.jobs.create(a, valid, query.get("trainingShape"))
+
+    @v1.get("/accounts/{a}/rlorTrainerJobs")
+    async def list_jobs(request: Request, a: str = Depends(account_access)) -> dict[str, Any]:
+        size, offset = _page_size(request), _offset(request)
+        recs = plane.storage.list_jobs(a, offset, size + 1)
+        token = _token(offset + size) if len(recs) > size else ""
+        return {"rlorTrainerJobs": [plane.jobs.payload(r) for r in recs[:size]], "nextPageToken": token}
+
+    @v1.get("/accounts/{a}/rlorTrainerJobs:watch")
+    async def watch_jobs(request: Request, a: str = Depends(account_access)) -> EventSourceResponse:
+        raw = request.headers.get("last-event-id") or request.query_params.get("since") or "0"
+        try:
+            after = int(raw)
+        except ValueError:
+            raise InvalidArgument(f"Last-Event-ID: {raw!r} must be an event id (an integer)") from None
+        job = request.query_params.get("rlorTrainerJobId") or None
+
+        async def events() -> AsyncIterator[dict[str, Any]]:
+            async for event in plane.events.stream(a, job, after):
+                yield {"id": str(event["id"]), "event": EVENT_TYPE, "data": json.dumps(event)}
+
+        return EventSourceResponse(events(), ping=SSE_PING_S)
+
+    @v1.get("/accounts/{a}/rlorTrainerJobs/{j}")
+    async def get_job(rec: JobRecord = Depends(job_access)) -> dict[str, Any]:
+        return plane.jobs.payload(rec)
+
+    @v1.delete("/accounts/{a}/rlorTrainerJobs/{j}")
+    async def delete_job(rec: JobRecord = Depends(job_access)) -> dict[str, Any]:
+        return plane.jobs.delete(rec.account_id, rec.job_id)
+
+    @v1.post("/accounts/{a}/rlorTrainerJobs/{j}:resume")
+    async def resume_job(rec: JobRecord = Depends(job_access)) -> dict[str, Any]:
+        return plane.jobs.resume(rec.account_id, rec.job_id)
+
+    # ---------------------------------------------------------- checkpoints
+
+    @v1.get("/accounts/{a}/rlorTrainerJobs/{j}/checkpoints")
+    async def list_checkpoints(request: Request, rec: JobRecord = Depends(job_access)) -> dict[str, Any]:
+        metas = ckpt.list_meta(plane.data_dir, rec.account_id, rec.job_id)
+        page, token = paginate(request, metas)
+        return {"checkpoints": [m.wire() for m in page], "nextPageToken": token}
+
+    @v1.delete("/accounts/{a}/rlorTrainerJobs/{j}/checkpoints/{c}")
+    async def delete_checkpoint(c: str, rec: JobRecord = Depends(job_access)) -> dict[str, Any]:
+        if not ckpt.delete(plane.data_dir, rec.account_id, rec.job_id, c):
+            raise NotFound(f"checkpoint {rec.name}/checkpoints/{c} not found")
+        return {}
+
+    # --------------------------------------------------------------- shapes
+
+    def _shape_access(a: str, who: Principal) -> None:
+        if a not in catalog.PUBLIC_ACCOUNTS:
+            plane.check_account(who, a)
+
+    @v1.get("/accounts/{a}/trainingShapes/{s}/versions")
+    async def list_shape_versions(a: str, s: str, request: Request, who: Principal = Depends(principal)) -> dict[str, Any]:
+        _shape_access(a, who)
+        versions = catalog.versions(a, s)
+        if not versions:
+            raise NotFound(f"training shape accounts/{a}/trainingShapes/{s} not found")
+        flt = request.query_params.get("filter")
+        if flt:
+            if flt.replace(" ", "") != "latest_validated=true":
+                raise InvalidArgument("filter: only 'latest_validated=true' is supported")
+            latest = catalog.latest_validated(a, s)
+            versions = [latest] if latest else []
+        page, token = paginate(request, versions)
+        return {"trainingShapeVersions": [v.wire() for v in page], "nextPageToken": token}
+
+    @v1.get("/accounts/{a}/trainingShapes/{s}/versions/{v}")
+    async def get_shape_version(a: str, s: str, v: str, who: Principal = Depends(principal)) -> dict[str, Any]:
+        _shape_access(a, who)
+        version = catalog.get(a, s, v)
+        if version is None:
+            raise NotFound(f"training shape version accounts/{a}/trainingShapes/{s}/versions/{v} not found")
+        return version.wire()
+
+    # ------------------------------------------------------------ promotion
+
+    @v1.post("/accounts/{a}/checkpoints/{c}:promote")
+    async def promote(c: str, request: Request, a: str = Depends(account_access)) -> dict[str, Any]:
+        return plane.promotion.promote(a, c, await json_body(request))
+
+    @v1.get("/accounts/{a}/operations/{o}")
+    async def get_operation(o: str, a: str = Depends(account_access)) -> dict[str, Any]:
+        return plane.promotion.operation(a, o)
+
+    @v1.get("/accounts/{a}/models/{m}")
+    async def get_model(m: str, a: str = Depends(account_access)) -> dict[str, Any]:
+        return plane.promotion.model(a, m)
+
+    app.include_router(v1)
+
+    # -------------------------------------------------------------- gateway
+
+    @app.api_route(
+        "/training/v1/rlorTrainerJobs/{a}/{j}/{path:path}",
+        methods=["GET", "POST", "PUT", "DELETE", "PATCH"],
+        include_in_schema=False,
+    )
+    async def gateway(a: str, j: str, path: str, request: Request, who: Principal = Depends(principal)) -> Any:
+        plane.check_account(who, a)
+        return await plane.gateway.forward(request, a, j, path)
+
+    # ---------------------------------------------------------------- admin
+
+    admin = APIRouter(prefix="/admin/v1", dependencies=[Depends(admin_access)])
+
+    def _admin_job(j: str, request: Request) -> JobRecord:
+        account = request.query_params.get("account")
+        m = rules.JOB_NAME_RE.match(j)
+        if m:
+            account, j = m["account"], m["job"]
+        if account:
+            return plane.jobs.require(account, j)
+        found = plane.storage.find_jobs(j)
+        if not found:
+            raise NotFound(f"no rlorTrainerJob {j} in any account")
+        if len(found) > 1:
+            raise InvalidArgument(f"job id {j} exists in several accounts; pass ?account=<id>")
+        return found[0]
+
+    @admin.get("/faults")
+    async def get_faults() -> dict[str, Any]:
+        return plane.config.wire()
+
+    @admin.post("/faults")
+    async def set_faults(request: Request) -> dict[str, Any]:
+        body = await json_body(request)
+        if not isinstance(body, dict):
+            raise InvalidArgument("request body must be a JSON object")
+        try:
+            return plane.set_config(body).wire()
+        except ValidationError as exc:
+            raise InvalidArgument(describe_validation_error(exc)) from None
+
+    @admin.delete("/faults")
+    async def reset_faults() -> dict[str, Any]:
+        return plane.reset_config().wire()
+
+    @admin.get("/stats")
+    async def stats() -> dict[str, Any]:
+        return plane.stats()
+
+    @admin.post("/stats:reset")
+    async def reset_stats() -> dict[str, Any]:
+        plane.storage.reset_counters()
+        return plane.stats()
+
+    @admin.post("/rlorTrainerJobs/{j}:preempt")
+    async def preempt(j: str, request: Request) -> dict[str, Any]:
+        return plane.jobs.preempt(_admin_job(j, request))
+
+    @admin.post("/rlorTrainerJobs/{j}:stop")
+    async def stop(j: str, request: Request) -> dict[str, Any]:
+        body = await json_body(request)
+        if not isinstance(body, dict) or not isinstance(body.get("state"), str):
+            raise InvalidArgument("state: is required, e.g. JOB_STATE_CANCELLED")
+        state = JobState(body["state"])
+        if state is JobState.UNSPECIFIED:
+            raise InvalidArgument(f"state: {body['state']!r} is not a job state")
+        return plane.jobs.stop_as(_admin_job(j, request), state, str(body.get("message") or ""))
+
+    @admin.get("/rlorTrainerJobs/{j}")
+    async def job_internals(j: str, request: Request) -> dict[str, Any]:
+        rec = _admin_job(j, request)
+        trainer = plane.jobs.trainers.get((rec.account_id, rec.job_id))
+        route = plane.gateway.route(rec.account_id, rec.job_id)
+        return {
+            "job": plane.jobs.payload(rec),
+            "generation": rec.generation,
+            "trainer": None
+            if trainer is None
+            else {
+                "pid": trainer.process.pid if trainer.process else None,
+                "url": trainer.url,
+                "generation": trainer.generation,
+            },
+            "route": None if route is None else {"url": route.url, "generation": route.generation},
+        }
+
+    @admin.post("/accounts")
+    async def create_account(request: Request) -> dict[str, Any]:
+        body = await json_body(request)
+        account_id, key = plane.create_account(body.get("accountId") if isinstance(body, dict) else None)
+        return {"account": {"name": f"accounts/{account_id}"}, "apiKey": key}
+
+    @admin.post("/accounts/{a}/apiKeys")
+    async def create_key(a: str) -> dict[str, Any]:
+        if not plane.storage.account_exists(a):
+            raise NotFound(f"account {a} not found")
+        return {"apiKey": plane.add_key(a)}
+
+    @admin.get("/webhooks")
+    async def list_webhooks() -> dict[str, Any]:
+        return {
+            "webhooks": [
+                {"id": r["id"], "accountId": r["account_id"], "url": r["url"], "createTime": r["create_time"]}
+                for r in plane.storage.webhooks()
+            ]
+        }
+
+    @admin.post("/webhooks")
+    async def add_webhook(request: Request) -> dict[str, Any]:
+        body = await json_body(request)
+        if not isinstance(body, dict):
+            raise InvalidArgument("request body must be a JSON object")
+        url, secret = body.get("url"), body.get("secret")
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise InvalidArgument("url: must be an http(s) URL")
+        if not isinstance(secret, str) or len(secret) < 16:
+            raise InvalidArgument("secret: must be a string of at least 16 characters")
+        account = body.get("accountId")
+        if account is not None and not plane.storage.account_exists(str(account)):
+            raise InvalidArgument(f"accountId: account {account} does not exist")
+        hook_id = f"wh-{secrets.token_hex(4)}"
+        plane.events.add_webhook(hook_id, account, url, secret, datetime.now(UTC).isoformat())
+        return {"id": hook_id, "accountId": account, "url": url}
+
+    @admin.delete("/webhooks/{hook_id}")
+    async def delete_webhook(hook_id: str) -> dict[str, Any]:
+        if not plane.events.remove_webhook(hook_id):
+            raise NotFound(f"webhook {hook_id} not found")
+        return {}
+
+    app.include_router(admin)
+    return app
+

@@ -1,0 +1,145 @@
+"""The training-shape catalog: a few local shapes, and the example shapes users copy from
+the hosted platform's docs (``accounts/fireworks/trainingShapes/...``), so a spec written
+for the hosted service runs unchanged on a laptop. Catalog accounts are public: any valid
+key may read them.
+
+Every shape runs as the same tiny local trainer; the snapshot fields are what the hosted
+platform would report and are copied into the job's ``trainingConfig``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+PUBLIC_ACCOUNTS = frozenset({"fireworks", "localplane"})
+
+
+@dataclass(frozen=True)
+class ShapeVersion:
+    account: str
+    shape: str
+    version: str
+    validated: bool
+    snapshot: dict[str, Any]
+
+    @property
+    def shape_name(self) -> str:
+        return f"accounts/{self.account}/trainingShapes/{self.shape}"
+
+    @property
+    def name(self) -> str:
+        return f"{self.shape_name}/versions/{self.version}"
+
+    def wire(self) -> dict[str, Any]:
+        return {"name": self.name, "snapshot": self.snapshot, "validated": self.validated}
+
+
+def _snapshot(
+    *,
+    image: str,
+    context: int,
+    accelerator: str,
+    count: int,
+    nodes: int = 1,
+    pp: int = 1,
+    precision: str = "BF16",
+    mode: str = "TRAINER_MODE_TRAIN",
+    deployment: str = "",
+) -> dict[str, Any]:
+    return {
+        "trainerImageTag": image,
+        "maxSupportedContextLength": context,
+        "nodeCount": nodes,
+        "deploymentShapeVersion": deployment,
+        "deploymentImageTag": image,
+        "acceleratorType": accelerator,
+        "acceleratorCount": count,
+        "baseModelWeightPrecision": precision,
+        "trainerShardingScheme": {"pipelineParallelism": pp},
+        "trainerMode": mode,
+    }
+
+
+# Versions are listed oldest first; "latest validated" is the last validated one.
+_VERSIONS: list[ShapeVersion] = [
+    # Local shapes: CPU-sized, for laptops and CI.
+    ShapeVersion("localplane", "tiny-cpu", "v1", True, _snapshot(image="local-0.1", context=4096, accelerator="CPU", count=1)),
+    ShapeVersion("localplane", "tiny-cpu", "v2", True, _snapshot(image="local-0.2", context=8192, accelerator="CPU", count=1)),
+    ShapeVersion("localplane", "tiny-cpu", "v3-rc", False, _snapshot(image="local-0.3-rc", context=16384, accelerator="CPU", count=1)),
+    ShapeVersion("localplane", "small-cpu", "v1", True, _snapshot(image="local-0.2", context=32768, accelerator="CPU", count=2)),
+    ShapeVersion(
+        "localplane",
+        "tiny-cpu-forward-only",
+        "v1",
+        True,
+        _snapshot(image="local-0.2", context=8192, accelerator="CPU", count=1, mode="TRAINER_MODE_FORWARD_ONLY"),
+    ),
+    # The hosted platform's documented examples.
+    ShapeVersion(
+        "fireworks",
+        "qwen3-8b-128k-h200",
+        "rc7d2k1a",
+        True,
+        _snapshot(
+            image="0.33.1",
+            context=131072,
+            accelerator="NVIDIA_H200_141GB",
+            count=8,
+            deployment="accounts/fireworks/deploymentShapes/rft-qwen3-8b/versions/v1",
+        ),
+    ),
+    ShapeVersion(
+        "fireworks",
+        "qwen3p5-9b-256k",
+        "q9x4m2p0",
+        True,
+        _snapshot(
+            image="0.34.0",
+            context=262144,
+            accelerator="NVIDIA_H200_141GB",
+            count=8,
+            pp=2,
+            deployment="accounts/fireworks/deploymentShapes/rft-qwen3p5-9b/versions/v1",
+        ),
+    ),
+    ShapeVersion(
+        "fireworks",
+        "qwen3-30b-a3b-h200",
+        "a3b1v0k9",
+        True,
+        _snapshot(
+            image="0.32.9",
+            context=65536,
+            accelerator="NVIDIA_H200_141GB",
+            count=8,
+            nodes=2,
+            pp=2,
+            deployment="accounts/fireworks/deploymentShapes/rft-qwen3-30b/versions/v1",
+        ),
+    ),
+    ShapeVersion(
+        "fireworks",
+        "llama-v3p1-8b-instruct-h100",
+        "l8h100v2",
+        True,
+        _snapshot(image="0.31.4", context=65536, accelerator="NVIDIA_H100_80GB", count=8),
+    ),
+]
+
+
+def versions(account: str, shape: str) -> list[ShapeVersion]:
+    return [v for v in _VERSIONS if v.account == account and v.shape == shape]
+
+
+def latest_validated(account: str, shape: str) -> ShapeVersion | None:
+    validated = [v for v in versions(account, shape) if v.validated]
+    return validated[-1] if validated else None
+
+
+def get(account: str, shape: str, version: str) -> ShapeVersion | None:
+    return next((v for v in versions(account, shape) if v.version == version), None)
+
+
+def all_shapes() -> list[str]:
+    return sorted({v.shape_name for v in _VERSIONS})

@@ -1,0 +1,112 @@
+"""One error base for localplane, rendered by one handler as the contract's error body:
+``{"error": {"code": <http>, "status": "<GRPC_CODE>", "message": "..."}}``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+
+class PlaneError(Exception):
+    code: int = 500
+    status: str = "INTERNAL"
+
+    def __init__(self, message: str, *, code: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"code": self.code, "status": self.status, "message": self.message}}
+
+
+class InvalidArgument(PlaneError):
+    code, status = 400, "INVALID_ARGUMENT"
+
+
+class FailedPrecondition(PlaneError):
+    code, status = 400, "FAILED_PRECONDITION"
+
+
+class Unauthenticated(PlaneError):
+    code, status = 401, "UNAUTHENTICATED"
+
+
+class PermissionDenied(PlaneError):
+    code, status = 403, "PERMISSION_DENIED"
+
+
+class NotFound(PlaneError):
+    code, status = 404, "NOT_FOUND"
+
+
+class AlreadyExists(PlaneError):
+    code, status = 409, "ALREADY_EXISTS"
+
+
+class Internal(PlaneError):
+    code, status = 500, "INTERNAL"
+
+
+class Unavailable(PlaneError):
+    code, status = 503, "UNAVAILABLE"
+
+
+_HTTP_STATUS = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    405: "INVALID_ARGUMENT",
+    409: "ALREADY_EXISTS",
+    429: "RESOURCE_EXHAUSTED",
+    500: "INTERNAL",
+    502: "UNAVAILABLE",
+    503: "UNAVAILABLE",
+    504: "DEADLINE_EXCEEDED",
+}
+
+
+def error_response(code: int, status: str, message: str) -> JSONResponse:
+    return JSONResponse(
+        {"error": {"code": code, "status": status, "message": message}}, status_code=code
+    )
+
+
+def describe_validation_error(exc: ValidationError | RequestValidationError, prefix: str = "") -> str:
+    """``trainingConfig.loraRank: Input should be a valid integer; ...`` — names every field."""
+    parts = []
+    for err in exc.errors():
+        loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path")]
+        field = ".".join(loc) or "body"
+        if prefix:
+            field = f"{prefix}.{field}" if field != "body" else prefix
+        parts.append(f"{field}: {err.get('msg', 'invalid value')}")
+    return "; ".join(parts)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(PlaneError)
+    async def _plane_error(_: Request, exc: PlaneError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(400, "INVALID_ARGUMENT", describe_validation_error(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        status = _HTTP_STATUS.get(exc.status_code, "UNKNOWN")
+        if exc.status_code == 404:
+            message = f"no such endpoint: {request.method} {request.url.path}"
+        elif exc.status_code == 405:
+            message = f"method {request.method} is not allowed on {request.url.path}"
+        else:
+            message = str(exc.detail)
+        return error_response(exc.status_code, status, message)

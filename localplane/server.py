@@ -1,0 +1,61 @@
+"""Run localplane as a process: bind, serve, announce, stop cleanly on SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+
+import structlog
+import uvicorn
+
+from localplane.app import create_app
+from localplane.config import PlaneSettings
+from localplane.plane import API_KEY_FILE, Plane
+
+log = structlog.stdlib.get_logger("localplane")
+
+
+class _Server(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, on_ready: object) -> None:
+        super().__init__(config)
+        self._on_ready = on_ready
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if not self.should_exit:
+            self._on_ready()  # type: ignore[operator]
+
+
+def serve(settings: PlaneSettings, *, announce: bool = True) -> None:
+    """Serve until SIGINT/SIGTERM; every trainer is stopped before this returns."""
+    plane = Plane(settings)
+    app = create_app(plane)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((settings.host, settings.port))
+    port = sock.getsockname()[1]
+    url = f"http://{settings.host}:{port}"
+
+    def ready() -> None:
+        log.info("plane.ready", url=url, data_dir=str(plane.data_dir), account=settings.account_id)
+        if settings.ready_file:
+            tmp = settings.ready_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"url": url, "port": port, "pid": os.getpid(), "accountId": settings.account_id}))
+            os.replace(tmp, settings.ready_file)
+        if announce:
+            print(f"localplane serving at {url}  (account: {settings.account_id})", file=sys.stdout)
+            if settings.api_key is None:
+                # Printed for the developer's convenience, never logged.
+                print(f"dev API key: {plane.api_key}  (also in {plane.data_dir / API_KEY_FILE})", file=sys.stdout)
+            sys.stdout.flush()
+
+    config = uvicorn.Config(
+        app,
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=5,
+        lifespan="on",
+    )
+    _Server(config, ready).run(sockets=[sock])

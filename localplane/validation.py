@@ -1,0 +1,225 @@
+"""Validation of a create request: every rule of the contract, checked before anything is
+created, each violation reported with the field it concerns. All violations are reported
+at once, so a user fixes a request in one round trip."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
+
+from localplane import catalog
+from localplane.errors import FailedPrecondition, InvalidArgument, describe_validation_error
+from localplane.trainer import data as datasets
+from shepherd.platform import rules
+
+DEFAULT_LEARNING_RATE = 1e-3
+DEFAULT_MAX_CONTEXT = 8192
+
+#: extraArgs localplane understands (the hosted platform passes them to the trainer image).
+KNOWN_EXTRA_ARGS = {
+    "--seed": int,
+    "--hidden": int,
+    "--batch-size": int,
+    "--compute-delay-ms": float,
+}
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+
+class TrainingConfigIn(_In):
+    base_model: str = ""
+    lora_rank: int = 0
+    learning_rate: float = 0.0
+    max_context_length: int | None = None
+    region: str | None = None
+    custom_image_tag: str | None = None
+    accelerator_type: str | None = None
+    accelerator_count: int | None = None
+    extra_args: list[str] = Field(default_factory=list)
+
+
+class CreateIn(_In):
+    display_name: str | None = None
+    service_mode: bool = True
+    keep_alive: bool = False
+    dataset: str = ""
+    training_config: TrainingConfigIn
+    node_count: int | None = None
+    hot_load_deployment_id: str | None = None
+    forward_only: bool = False
+    preemptible: bool = False
+    inactivity_timeout: str | None = None
+    trainer_replica_count: int | None = None
+
+
+@dataclass
+class ValidCreate:
+    job_id: str | None
+    spec: dict[str, Any]
+    shape: catalog.ShapeVersion | None
+    trainer_options: dict[str, Any]
+
+
+def _parse_extra_args(args: list[str], problems: list[str]) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for i, arg in enumerate(args):
+        key, _, value = arg.partition("=")
+        if key not in KNOWN_EXTRA_ARGS:
+            continue
+        kind = KNOWN_EXTRA_ARGS[key]
+        try:
+            parsed = kind(value)
+        except ValueError:
+            problems.append(f"trainingConfig.extraArgs[{i}]: {key} needs a {kind.__name__} value, as {key}=N")
+            continue
+        if parsed < 0 or (key in ("--hidden", "--batch-size") and parsed < 1):
+            problems.append(f"trainingConfig.extraArgs[{i}]: {key} must be positive")
+            continue
+        options[key.removeprefix("--").replace("-", "_")] = parsed
+    return options
+
+
+def validate_create(query: dict[str, str], body: Any, data_dir: Path) -> ValidCreate:
+    """The normalized spec of a valid create request, or an InvalidArgument naming every
+    problem (FailedPrecondition for a shape version that is not validated)."""
+    if not isinstance(body, dict):
+        raise InvalidArgument("request body must be a JSON object")
+    problems: list[str] = []
+
+    job_id = query.get("rlorTrainerJobId") or None
+    if job_id is not None and (p := rules.check_resource_id(job_id)):
+        problems.append(f"rlorTrainerJobId: {job_id!r} {p}")
+
+    skip_raw = query.get("skipValidations", "false").lower()
+    if skip_raw not in ("true", "false", "1", "0"):
+        problems.append("skipValidations: must be true or false")
+    skip = skip_raw in ("true", "1")
+
+    deployment_id = query.get("deploymentId") or None
+    if deployment_id is not None and (p := rules.check_resource_id(deployment_id)):
+        problems.append(f"deploymentId: {deployment_id!r} {p}")
+
+    shape: catalog.ShapeVersion | None = None
+    shape_ref = query.get("trainingShape") or None
+    if shape_ref is not None:
+        m = rules.SHAPE_REF_RE.match(shape_ref)
+        if not m:
+            problems.append(f"trainingShape: {shape_ref!r} {rules.SHAPE_REF_RULE}")
+        elif m["version"]:
+            shape = catalog.get(m["account"], m["shape"], m["version"])
+            if shape is None:
+                problems.append(f"trainingShape: {shape_ref} does not exist")
+            elif not shape.validated and not skip:
+                raise FailedPrecondition(
+                    f"trainingShape: {shape_ref} is not a validated version (pass skipValidations=true to use it anyway)"
+                )
+        else:
+            shape = catalog.latest_validated(m["account"], m["shape"])
+            if shape is None:
+                problems.append(f"trainingShape: {shape_ref} does not exist or has no validated version")
+
+    try:
+        req = CreateIn.model_validate(body)
+    except ValidationError as exc:
+        problems.append(describe_validation_error(exc))
+        raise InvalidArgument("; ".join(problems)) from None
+
+    tc = req.training_config
+    if p := rules.check_base_model(tc.base_model):
+        problems.append(f"trainingConfig.baseModel: {p}")
+    if p := rules.check_lora_rank(tc.lora_rank):
+        problems.append(f"trainingConfig.loraRank: {p}")
+    if not math.isfinite(tc.learning_rate) or tc.learning_rate < 0:
+        problems.append("trainingConfig.learningRate: must be a finite number >= 0 (0 uses the default)")
+    if tc.max_context_length is not None and not 0 < tc.max_context_length <= rules.MAX_CONTEXT_LENGTH:
+        problems.append(f"trainingConfig.maxContextLength: must be in [1, {rules.MAX_CONTEXT_LENGTH}]")
+    if req.display_name is not None and (p := rules.check_display_name(req.display_name)):
+        problems.append(f"displayName: {p}")
+    if not req.service_mode:
+        problems.append("serviceMode: localplane runs service-mode trainers only; set it to true")
+    if req.inactivity_timeout is not None and (p := rules.check_inactivity_timeout(req.inactivity_timeout)):
+        problems.append(f"inactivityTimeout: {p}")
+    if req.trainer_replica_count is not None and not 1 <= req.trainer_replica_count <= 8:
+        problems.append("trainerReplicaCount: must be in [1, 8]")
+    if req.hot_load_deployment_id and (p := rules.check_resource_id(req.hot_load_deployment_id)):
+        problems.append(f"hotLoadDeploymentId: {p}")
+    if req.dataset and (p := datasets.check_name(req.dataset, data_dir)):
+        problems.append(f"dataset: {p}")
+
+    if shape_ref is not None:
+        # On the shape path the shape decides the hardware; sending it is a conflict.
+        for field_name, value in (
+            ("trainingConfig.acceleratorType", tc.accelerator_type),
+            ("trainingConfig.acceleratorCount", tc.accelerator_count),
+            ("nodeCount", req.node_count),
+        ):
+            if value is not None:
+                problems.append(f"{field_name}: must not be set when trainingShape is given (the shape decides it)")
+        if shape is not None and tc.max_context_length is not None and not skip:
+            limit = shape.snapshot["maxSupportedContextLength"]
+            if tc.max_context_length > limit:
+                problems.append(
+                    f"trainingConfig.maxContextLength: {tc.max_context_length} exceeds the shape's maxSupportedContextLength {limit}"
+                )
+    else:
+        if tc.accelerator_type is not None and (p := rules.check_accelerator_type(tc.accelerator_type)):
+            problems.append(f"trainingConfig.acceleratorType: {p}")
+        if tc.accelerator_count is not None and not 1 <= tc.accelerator_count <= 64:
+            problems.append("trainingConfig.acceleratorCount: must be in [1, 64]")
+        if req.node_count is not None and not 1 <= req.node_count <= 64:
+            problems.append("nodeCount: must be in [1, 64]")
+
+    options = _parse_extra_args(tc.extra_args, problems)
+    if problems:
+        raise InvalidArgument("; ".join(problems))
+
+    training_config: dict[str, Any] = {
+        "baseModel": tc.base_model,
+        "loraRank": tc.lora_rank,
+        "learningRate": tc.learning_rate or DEFAULT_LEARNING_RATE,
+        "maxContextLength": tc.max_context_length
+        or (shape.snapshot["maxSupportedContextLength"] if shape else DEFAULT_MAX_CONTEXT),
+        "extraArgs": tc.extra_args,
+    }
+    if tc.region:
+        training_config["region"] = tc.region
+    forward_only = req.forward_only
+    node_count = req.node_count or 1
+    if shape is not None:
+        snap = shape.snapshot
+        training_config.update(
+            acceleratorType=snap["acceleratorType"],
+            acceleratorCount=snap["acceleratorCount"],
+            customImageTag=snap["trainerImageTag"],
+        )
+        node_count = snap["nodeCount"]
+        forward_only = forward_only or snap["trainerMode"] == "TRAINER_MODE_FORWARD_ONLY"
+    else:
+        training_config.update(
+            acceleratorType=tc.accelerator_type or "CPU",
+            acceleratorCount=tc.accelerator_count or 1,
+        )
+        if tc.custom_image_tag:
+            training_config["customImageTag"] = tc.custom_image_tag
+
+    spec = {
+        "displayName": req.display_name or "",
+        "serviceMode": True,
+        "keepAlive": req.keep_alive,
+        "dataset": req.dataset or datasets.DEFAULT_DATASET,
+        "trainingConfig": training_config,
+        "nodeCount": node_count,
+        "hotLoadDeploymentId": req.hot_load_deployment_id or deployment_id or "",
+        "forwardOnly": forward_only,
+        "preemptible": req.preemptible,
+        "inactivityTimeout": req.inactivity_timeout or rules.format_duration(rules.DEFAULT_INACTIVITY_TIMEOUT_S),
+        "trainerReplicaCount": req.trainer_replica_count or 1,
+    }
+    return ValidCreate(job_id=job_id, spec=spec, shape=shape, trainer_options=options)

@@ -1,0 +1,435 @@
+"""One async httpx client for the whole trainer platform contract (trainer-api.md):
+control plane, gateway data plane and the event stream.
+
+It retries nothing: every failure surfaces at once as a typed
+:class:`~shepherd.platform.errors.PlatformError` that says whether it is retryable, so the
+caller's declared policy (a Temporal ``RetryPolicy``) owns retries and every attempt shows
+in the event history. Its request timeout must stay below the calling activity's
+``start_to_close_timeout``.
+
+It speaks only the contract, so it works against ``localplane`` and the hosted service.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, Self
+from urllib.parse import quote
+
+import httpx
+from httpx_sse import EventSource, aconnect_sse
+
+from shepherd.platform import rules
+from shepherd.platform.errors import PlatformError, error_from_response, error_from_transport
+from shepherd.platform.models import (
+    Account,
+    Checkpoint,
+    CheckpointList,
+    CreateTrainerJobRequest,
+    EvaluateResponse,
+    ForwardBackwardRequest,
+    ForwardBackwardResponse,
+    GetInfoResponse,
+    JobEvent,
+    LoadWeightsResponse,
+    Model,
+    Operation,
+    OptimStepRequest,
+    OptimStepResponse,
+    PromoteCheckpointRequest,
+    PromoteCheckpointResponse,
+    SaveWeightsResponse,
+    TrainerCheckpointList,
+    TrainerJob,
+    TrainerJobList,
+    TrainingShapeVersion,
+    TrainingShapeVersionList,
+)
+
+#: Default per-request timeout, seconds. Shorter than any activity's start-to-close.
+DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_CONNECT_TIMEOUT_S = 5.0
+USER_AGENT = "shepherd-platform-client/0.1"
+
+
+def _q(segment: str) -> str:
+    return quote(segment, safe="")
+
+
+class JsonTransport:
+    """The shared request path: auth header, error mapping, JSON decoding."""
+
+    def __init__(self, http: httpx.AsyncClient) -> None:
+        self.http = http
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        json_body: Any = None,
+        data_plane: bool = False,
+        timeout: float | None = None,
+    ) -> Any:
+        request = self.http.build_request(
+            method,
+            url,
+            params={k: v for k, v in (params or {}).items() if v is not None},
+            json=json_body,
+            timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+        )
+        try:
+            response = await self.http.send(request)
+        except httpx.TransportError as exc:
+            raise error_from_transport(exc, request) from None
+        if response.status_code >= 400:
+            raise error_from_response(response, data_plane=data_plane)
+        if not response.content:
+            return {}
+        try:
+            return response.json()
+        except json.JSONDecodeError:
+            raise error_from_response(response, data_plane=data_plane) from None
+
+
+class PlatformClient:
+    """Client of one trainer platform account.
+
+    ``base_url`` is the control plane; ``gateway_url`` the data-plane gateway and
+    defaults to ``base_url`` (trainer-api.md §4). ``account_id`` is resolved from the key
+    on first use when not given.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        gateway_url: str | None = None,
+        account_id: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S,
+        max_connections: int = 100,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.gateway_url = (gateway_url or base_url).rstrip("/")
+        self._account_id = account_id
+        self._http = httpx.AsyncClient(
+            headers={"Authorization": f"Bearer {api_key}", "User-Agent": USER_AGENT},
+            timeout=httpx.Timeout(timeout, connect=connect_timeout),
+            limits=httpx.Limits(
+                max_connections=max_connections, max_keepalive_connections=max_connections
+            ),
+            transport=transport,
+        )
+        self._t = JsonTransport(self._http)
+
+    def __repr__(self) -> str:  # never the key
+        return f"PlatformClient(base_url={self.base_url!r}, account_id={self._account_id!r})"
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    # ---------------------------------------------------------------- accounts
+
+    async def list_accounts(self, page_size: int = 2) -> list[Account]:
+        body = await self._t.request(
+            "GET", f"{self.base_url}/v1/accounts", params={"pageSize": page_size}
+        )
+        return [Account.model_validate(a) for a in body.get("accounts", [])]
+
+    async def account_id(self) -> str:
+        """The account the API key belongs to (resolved once, then cached)."""
+        if self._account_id is None:
+            accounts = await self.list_accounts()
+            if not accounts:
+                raise PlatformError("the API key has no account", status="NOT_FOUND")
+            self._account_id = accounts[0].account_id
+        return self._account_id
+
+    async def _account_url(self, account_id: str | None = None) -> str:
+        account = account_id or await self.account_id()
+        return f"{self.base_url}/v1/accounts/{_q(account)}"
+
+    async def job_name(self, job_id: str) -> str:
+        if rules.JOB_NAME_RE.match(job_id):
+            return job_id
+        return f"accounts/{await self.account_id()}/rlorTrainerJobs/{job_id}"
+
+    async def _job_url(self, job: str) -> str:
+        m = rules.JOB_NAME_RE.match(job)
+        if m:
+            return f"{self.base_url}/v1/accounts/{_q(m['account'])}/rlorTrainerJobs/{_q(m['job'])}"
+        return f"{await self._account_url()}/rlorTrainerJobs/{_q(job)}"
+
+    # -------------------------------------------------------------------- jobs
+
+    async def create_job(
+        self,
+        job_id: str,
+        request: CreateTrainerJobRequest,
+        *,
+        training_shape: str | None = None,
+        skip_validations: bool = False,
+        deployment_id: str | None = None,
+    ) -> TrainerJob:
+        """Create a trainer job with a client-chosen id. A repeated id raises
+        :class:`~shepherd.platform.errors.AlreadyExists`; callers then ``get_job`` it."""
+        body = await self._t.request(
+            "POST",
+            f"{await self._account_url()}/rlorTrainerJobs",
+            params={
+                "rlorTrainerJobId": job_id,
+                "trainingShape": training_shape,
+                "skipValidations": "true" if skip_validations else None,
+                "deploymentId": deployment_id,
+            },
+            json_body=request.wire(),
+        )
+        return TrainerJob.model_validate(body)
+
+    async def get_job(self, job_id: str) -> TrainerJob:
+        return TrainerJob.model_validate(await self._t.request("GET", await self._job_url(job_id)))
+
+    async def list_jobs(
+        self, *, page_size: int | None = None, page_token: str | None = None
+    ) -> TrainerJobList:
+        body = await self._t.request(
+            "GET",
+            f"{await self._account_url()}/rlorTrainerJobs",
+            params={"pageSize": page_size, "pageToken": page_token or None},
+        )
+        return TrainerJobList.model_validate(body)
+
+    async def iter_jobs(self, *, page_size: int | None = None) -> AsyncIterator[TrainerJob]:
+        token: str | None = None
+        while True:
+            page = await self.list_jobs(page_size=page_size, page_token=token)
+            for job in page.rlor_trainer_jobs:
+                yield job
+            if not page.next_page_token:
+                return
+            token = page.next_page_token
+
+    async def delete_job(self, job_id: str) -> TrainerJob | None:
+        """Stop the trainer and release its slot; deleting twice is fine."""
+        body = await self._t.request("DELETE", await self._job_url(job_id))
+        return TrainerJob.model_validate(body) if body.get("name") else None
+
+    async def resume_job(self, job_id: str) -> TrainerJob:
+        body = await self._t.request("POST", f"{await self._job_url(job_id)}:resume", json_body={})
+        return TrainerJob.model_validate(body)
+
+    # ------------------------------------------------------------- checkpoints
+
+    async def list_checkpoints(
+        self, job_id: str, *, page_size: int | None = None, page_token: str | None = None
+    ) -> CheckpointList:
+        body = await self._t.request(
+            "GET",
+            f"{await self._job_url(job_id)}/checkpoints",
+            params={"pageSize": page_size, "pageToken": page_token or None},
+        )
+        return CheckpointList.model_validate(body)
+
+    async def iter_checkpoints(
+        self, job_id: str, *, page_size: int | None = None
+    ) -> AsyncIterator[Checkpoint]:
+        token: str | None = None
+        while True:
+            page = await self.list_checkpoints(job_id, page_size=page_size, page_token=token)
+            for checkpoint in page.checkpoints:
+                yield checkpoint
+            if not page.next_page_token:
+                return
+            token = page.next_page_token
+
+    async def delete_checkpoint(self, job_id: str, checkpoint_id: str) -> None:
+        """``localplane`` extension: remove a checkpoint (keep-last-K housekeeping)."""
+        await self._t.request(
+            "DELETE", f"{await self._job_url(job_id)}/checkpoints/{_q(checkpoint_id)}"
+        )
+
+    # ------------------------------------------------------------------ shapes
+
+    async def latest_shape_version(self, shape_ref: str) -> TrainingShapeVersion:
+        """The latest validated version of ``accounts/<a>/trainingShapes/<s>``."""
+        m = rules.SHAPE_REF_RE.match(shape_ref)
+        if not m:
+            raise ValueError(f"training shape ref {shape_ref!r} {rules.SHAPE_REF_RULE}")
+        url = (
+            f"{self.base_url}/v1/accounts/{_q(m['account'])}/trainingShapes/{_q(m['shape'])}/versions"
+        )
+        body = await self._t.request(
+            "GET", url, params={"filter": "latest_validated=true", "pageSize": 1}
+        )
+        versions = TrainingShapeVersionList.model_validate(body).training_shape_versions
+        if not versions:
+            raise PlatformError(
+                f"training shape {shape_ref} has no validated version", status="NOT_FOUND"
+            )
+        return versions[0]
+
+    async def get_shape_version(self, version_ref: str) -> TrainingShapeVersion:
+        m = rules.SHAPE_REF_RE.match(version_ref)
+        if not m or not m["version"]:
+            raise ValueError(f"{version_ref!r} is not a training shape version reference")
+        body = await self._t.request("GET", f"{self.base_url}/v1/{version_ref}")
+        return TrainingShapeVersion.model_validate(body)
+
+    async def resolve_shape(self, shape_ref: str) -> TrainingShapeVersion:
+        """A pinned version as given, else the shape's latest validated version."""
+        m = rules.SHAPE_REF_RE.match(shape_ref)
+        if m and m["version"]:
+            return await self.get_shape_version(shape_ref)
+        return await self.latest_shape_version(shape_ref)
+
+    # --------------------------------------------------------------- promotion
+
+    async def promote_checkpoint(
+        self,
+        checkpoint_id: str,
+        *,
+        job_id: str,
+        output_model_id: str,
+        base_model: str | None = None,
+        async_promotion: bool = False,
+    ) -> PromoteCheckpointResponse:
+        account = await self.account_id()
+        request = PromoteCheckpointRequest(
+            output_model=f"accounts/{account}/models/{output_model_id}",
+            trainer_job_id=await self.job_name(job_id),
+            base_model=base_model,
+            async_promotion=async_promotion or None,
+        )
+        body = await self._t.request(
+            "POST",
+            f"{await self._account_url()}/checkpoints/{_q(checkpoint_id)}:promote",
+            json_body=request.model_dump(exclude_none=True),
+        )
+        return PromoteCheckpointResponse.model_validate(body)
+
+    async def get_operation(self, operation: str) -> Operation:
+        op_id = operation.rsplit("/", 1)[-1]
+        body = await self._t.request("GET", f"{await self._account_url()}/operations/{_q(op_id)}")
+        return Operation.model_validate(body)
+
+    async def get_model(self, model_id: str) -> Model:
+        model_id = model_id.rsplit("/", 1)[-1]
+        body = await self._t.request("GET", f"{await self._account_url()}/models/{_q(model_id)}")
+        return Model.model_validate(body)
+
+    # ------------------------------------------------------------------ events
+
+    async def watch_jobs(
+        self, *, last_event_id: int | None = None, job_id: str | None = None
+    ) -> AsyncIterator[JobEvent]:
+        """Every job state change of the account as it happens (Server-Sent Events).
+
+        Resumes after ``last_event_id`` when given, so a reconnecting watcher misses
+        nothing. Ends only when the server closes the stream or the caller stops.
+        """
+        headers = {"Last-Event-ID": str(last_event_id)} if last_event_id is not None else {}
+        url = f"{await self._account_url()}/rlorTrainerJobs:watch"
+        params = {"rlorTrainerJobId": job_id} if job_id else None
+        try:
+            async with aconnect_sse(
+                self._http,
+                "GET",
+                url,
+                params=params,
+                headers=headers,
+                timeout=httpx.Timeout(None, connect=self._http.timeout.connect),
+            ) as source:
+                await self._check_stream(source)
+                async for sse in source.aiter_sse():
+                    if not sse.data:
+                        continue
+                    yield JobEvent.model_validate_json(sse.data)
+        except httpx.TransportError as exc:
+            raise error_from_transport(exc, httpx.Request("GET", url)) from None
+
+    @staticmethod
+    async def _check_stream(source: EventSource) -> None:
+        response = source.response
+        if response.status_code >= 400:
+            await response.aread()
+            raise error_from_response(response)
+
+    # -------------------------------------------------------------- data plane
+
+    async def trainer(self, job_id: str) -> TrainerClient:
+        """The data plane of one job, through the gateway."""
+        m = rules.JOB_NAME_RE.match(await self.job_name(job_id))
+        assert m is not None
+        base = (
+            f"{self.gateway_url}/training/v1/rlorTrainerJobs/{_q(m['account'])}/{_q(m['job'])}"
+        )
+        return TrainerClient(self._t, base)
+
+    def trainer_at(self, url: str) -> TrainerClient:
+        """The data plane of a trainer at a direct URL (no gateway), e.g. for benchmarks."""
+        return TrainerClient(self._t, url.rstrip("/"))
+
+
+class TrainerClient:
+    """Tinker-style data-plane calls to one trainer. A ``404`` is raised as
+    :class:`~shepherd.platform.errors.RouteNotFound`: ask the control plane what it means."""
+
+    def __init__(self, transport: JsonTransport, base_url: str) -> None:
+        self._t = transport
+        self.base_url = base_url
+
+    async def _call(self, path: str, body: Any = None, *, timeout: float | None = None) -> Any:
+        return await self._t.request(
+            "POST",
+            f"{self.base_url}/api/v1/{path}",
+            json_body=body if body is not None else {},
+            data_plane=True,
+            timeout=timeout,
+        )
+
+    async def healthz(self) -> bool:
+        await self._t.request("GET", f"{self.base_url}/api/v1/healthz", data_plane=True)
+        return True
+
+    async def get_info(self) -> GetInfoResponse:
+        return GetInfoResponse.model_validate(await self._call("get_info"))
+
+    async def forward_backward(
+        self, request: ForwardBackwardRequest, *, timeout: float | None = None
+    ) -> ForwardBackwardResponse:
+        return ForwardBackwardResponse.model_validate(
+            await self._call("forward_backward", request.wire(), timeout=timeout)
+        )
+
+    async def optim_step(
+        self, request: OptimStepRequest, *, timeout: float | None = None
+    ) -> OptimStepResponse:
+        return OptimStepResponse.model_validate(
+            await self._call("optim_step", request.wire(), timeout=timeout)
+        )
+
+    async def save_weights(self, name: str, *, kind: str | None = None) -> SaveWeightsResponse:
+        body: dict[str, Any] = {"name": name}
+        if kind:
+            body["kind"] = kind
+        return SaveWeightsResponse.model_validate(await self._call("save_weights", body))
+
+    async def load_weights(self, name: str) -> LoadWeightsResponse:
+        return LoadWeightsResponse.model_validate(await self._call("load_weights", {"name": name}))
+
+    async def list_checkpoints(self) -> list[Checkpoint]:
+        return TrainerCheckpointList.model_validate(await self._call("list_checkpoints")).checkpoints
+
+    async def evaluate(self, **options: Any) -> EvaluateResponse:
+        return EvaluateResponse.model_validate(await self._call("evaluate", options))

@@ -1,0 +1,122 @@
+"""Validation rules of the trainer platform's wire contract (trainer-api.md).
+
+One place for every rule the platform enforces, so that ``localplane`` (which enforces
+them) and Shepherd's job spec (which checks them before anything is provisioned) cannot
+drift apart. Each check returns ``None`` when the value is fine, else a short sentence
+stating the rule; the caller names the field.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+#: Resource ids chosen by clients (trainer job ids, model ids): 1–63 of a-z, 0-9, '-'.
+RESOURCE_ID_RE: Final = re.compile(r"^[a-z0-9-]{1,63}$")
+RESOURCE_ID_RULE: Final = "must be 1-63 characters of a-z, 0-9 and '-'"
+
+#: Checkpoint ids (``save_weights`` names): a little looser, Tinker-style names like ``step_0100``.
+CHECKPOINT_ID_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+CHECKPOINT_ID_RULE: Final = (
+    "must be 1-63 characters of letters, digits, '.', '_' and '-', starting with a letter or digit"
+)
+
+ACCOUNT_ID_RE: Final = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+
+SHAPE_REF_RE: Final = re.compile(
+    r"^accounts/(?P<account>[a-z0-9][a-z0-9-]{0,62})/trainingShapes/(?P<shape>[a-z0-9][a-z0-9.-]{0,62})"
+    r"(?:/versions/(?P<version>[a-z0-9][a-z0-9.-]{0,62}))?$"
+)
+SHAPE_REF_RULE: Final = (
+    "must be accounts/<account>/trainingShapes/<shape> or accounts/<account>/trainingShapes/<shape>/versions/<version>"
+)
+
+MODEL_NAME_RE: Final = re.compile(r"^accounts/(?P<account>[^/]+)/models/(?P<model>[^/]+)$")
+JOB_NAME_RE: Final = re.compile(r"^accounts/(?P<account>[^/]+)/rlorTrainerJobs/(?P<job>[^/]+)$")
+CHECKPOINT_NAME_RE: Final = re.compile(
+    r"^accounts/(?P<account>[^/]+)/rlorTrainerJobs/(?P<job>[^/]+)/checkpoints/(?P<checkpoint>[^/]+)$"
+)
+
+MAX_DISPLAY_NAME_LEN: Final = 63  # "display name < 64 chars"
+MAX_BASE_MODEL_LEN: Final = 256
+MAX_LORA_RANK: Final = 1024
+MAX_INACTIVITY_TIMEOUT_S: Final = 3 * 3600  # the hosted platform caps it at 3 h
+DEFAULT_INACTIVITY_TIMEOUT_S: Final = 3600
+MAX_CONTEXT_LENGTH: Final = 1 << 20
+
+#: protobuf-JSON Duration: decimal seconds with an ``s`` suffix ("3600s", "1.5s").
+DURATION_RE: Final = re.compile(r"^(?P<seconds>\d+(?:\.\d{1,9})?)s$")
+
+ACCELERATOR_TYPES: Final = frozenset(
+    {
+        "NVIDIA_A100_80GB",
+        "NVIDIA_H100_80GB",
+        "NVIDIA_H200_141GB",
+        "NVIDIA_B200_180GB",
+        "AMD_MI300X_192GB",
+        "CPU",
+    }
+)
+
+
+def check_resource_id(value: str) -> str | None:
+    return None if RESOURCE_ID_RE.match(value) else RESOURCE_ID_RULE
+
+
+def check_checkpoint_id(value: str) -> str | None:
+    return None if CHECKPOINT_ID_RE.match(value) else CHECKPOINT_ID_RULE
+
+
+def check_shape_ref(value: str) -> str | None:
+    return None if SHAPE_REF_RE.match(value) else SHAPE_REF_RULE
+
+
+def check_display_name(value: str) -> str | None:
+    if len(value) > MAX_DISPLAY_NAME_LEN:
+        return f"must be at most {MAX_DISPLAY_NAME_LEN} characters (got {len(value)})"
+    return None
+
+
+def check_base_model(value: str) -> str | None:
+    if not value.strip():
+        return "is required"
+    if len(value) > MAX_BASE_MODEL_LEN:
+        return f"must be at most {MAX_BASE_MODEL_LEN} characters"
+    if value.startswith("accounts/") and not MODEL_NAME_RE.match(value):
+        return "must be accounts/<account>/models/<model> when given as a resource name"
+    return None
+
+
+def check_lora_rank(value: int) -> str | None:
+    if value < 0:
+        return "must be >= 0 (0 means full fine-tuning)"
+    if value > MAX_LORA_RANK:
+        return f"must be <= {MAX_LORA_RANK}"
+    return None
+
+
+def parse_duration(value: str) -> float | None:
+    """Seconds of a protobuf-JSON duration ("90s"), or None when malformed."""
+    m = DURATION_RE.match(value)
+    return float(m.group("seconds")) if m else None
+
+
+def format_duration(seconds: float) -> str:
+    return f"{seconds:g}s"
+
+
+def check_inactivity_timeout(value: str) -> str | None:
+    seconds = parse_duration(value)
+    if seconds is None:
+        return "must be a duration in seconds such as '3600s'"
+    if seconds <= 0:
+        return "must be positive"
+    if seconds > MAX_INACTIVITY_TIMEOUT_S:
+        return f"must be at most {MAX_INACTIVITY_TIMEOUT_S}s (3 h)"
+    return None
+
+
+def check_accelerator_type(value: str) -> str | None:
+    if value not in ACCELERATOR_TYPES:
+        return "must be one of " + ", ".join(sorted(ACCELERATOR_TYPES))
+    return None
