@@ -26,6 +26,7 @@ from localplane import checkpoints as ckpt
 from localplane.errors import (
     InvalidArgument,
     NotFound,
+    PermissionDenied,
     PlaneError,
     describe_validation_error,
     error_response,
@@ -186,7 +187,7 @@ def create_app(plane: Plane) -> FastAPI:
     async def list_accounts(request: Request, who: Principal = Depends(principal)) -> dict[str, Any]:
         _page_size(request)
         if who.kind != "user":
-            return {"accounts": []}
+            raise PermissionDenied("the admin key is for /admin/v1 only; use an account's API key")
         return {"accounts": [{"name": f"accounts/{who.account_id}"}]}
 
     # ----------------------------------------------------------------- jobs
@@ -206,9 +207,10 @@ def create_app(plane: Plane) -> FastAPI:
 
     @v1.get("/accounts/{a}/rlorTrainerJobs:watch")
     async def watch_jobs(request: Request, a: str = Depends(account_access)) -> EventSourceResponse:
-        raw = request.headers.get("last-event-id") or request.query_params.get("since") or "0"
+        # Without a position a watcher gets live events only; Last-Event-ID: 0 replays all.
+        raw = request.headers.get("last-event-id") or request.query_params.get("since")
         try:
-            after = int(raw)
+            after = plane.storage.last_event_seq() if raw is None else int(raw)
         except ValueError:
             raise InvalidArgument(f"Last-Event-ID: {raw!r} must be an event id (an integer)") from None
         job = request.query_params.get("rlorTrainerJobId") or None

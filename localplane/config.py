@@ -68,6 +68,10 @@ class OutageRequest(_Camel):
         return Outage(start=start, end=start + timedelta(seconds=self.duration_seconds))
 
 
+class _OutagePatch(_Camel):
+    outage: OutageRequest | None
+
+
 class PlaneConfig(_Camel):
     """Operating config and injected faults (trainer-api.md §6). Persisted; see
     ``POST /admin/v1/faults``."""
@@ -111,8 +115,9 @@ class PlaneConfig(_Camel):
         patch = dict(patch)
         outage: Any = self.outage
         if "outage" in patch:
-            raw = patch.pop("outage")
-            outage = None if raw is None else OutageRequest.model_validate(raw).window()
+            # Validated inside a wrapper so an error is reported as outage.<field>.
+            request = _OutagePatch.model_validate({"outage": patch.pop("outage")}).outage
+            outage = None if request is None else request.window()
         current = self.wire()
         current.pop("outage", None)
         merged = PlaneConfig.model_validate({**current, **patch})

@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any, Self
 
+from localplane.plane import ADMIN_KEY_FILE, API_KEY_FILE
+
 READY_TIMEOUT_S = 30.0
 
 
@@ -31,8 +33,14 @@ class PlaneProcess:
         self._tmp = None if data_dir else tempfile.TemporaryDirectory(prefix="localplane-")
         self.data_dir = data_dir or Path(self._tmp.name)  # type: ignore[union-attr]
         self.port = port
-        self.api_key = api_key or "lp_test_" + os.urandom(8).hex()
-        self.admin_key = admin_key or "lpadmin_test_" + os.urandom(8).hex()
+        # None: the plane generates its keys on first start and keeps them in the data dir.
+        self.api_key = api_key or ""
+        self.admin_key = admin_key or ""
+        self._given_keys = {
+            k: v
+            for k, v in (("SHEPHERD_PLANE_API_KEY", api_key), ("SHEPHERD_PLANE_ADMIN_KEY", admin_key))
+            if v
+        }
         self.config = config or {}
         self.log_path = log_path or self.data_dir / "plane.log"
         self.env = env or {}
@@ -50,13 +58,8 @@ class PlaneProcess:
             "--ready-file", str(ready),
             "--config", json.dumps(self.config),
         ]
-        env = {
-            **os.environ,
-            "SHEPHERD_PLANE_API_KEY": self.api_key,
-            "SHEPHERD_PLANE_ADMIN_KEY": self.admin_key,
-            "SHEPHERD_LOG_FORMAT": "json",
-            **self.env,
-        }
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SHEPHERD_PLANE_")}
+        env.update(SHEPHERD_LOG_FORMAT="json", **self._given_keys, **self.env)
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL)
         log.close()
@@ -70,6 +73,8 @@ class PlaneProcess:
             time.sleep(0.02)
         info = json.loads(ready.read_text())
         self.url = info["url"]
+        self.api_key = self.api_key or (self.data_dir / API_KEY_FILE).read_text().strip()
+        self.admin_key = self.admin_key or (self.data_dir / ADMIN_KEY_FILE).read_text().strip()
         self.port = info["port"]  # a restart keeps the same address
         return self
 

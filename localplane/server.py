@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 
 import structlog
@@ -13,28 +12,16 @@ import uvicorn
 from localplane.app import create_app
 from localplane.config import PlaneSettings
 from localplane.plane import API_KEY_FILE, Plane
+from localplane.serving import ReadyServer, bind
 
 log = structlog.stdlib.get_logger("localplane")
-
-
-class _Server(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, on_ready: object) -> None:
-        super().__init__(config)
-        self._on_ready = on_ready
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets=sockets)
-        if not self.should_exit:
-            self._on_ready()  # type: ignore[operator]
 
 
 def serve(settings: PlaneSettings, *, announce: bool = True) -> None:
     """Serve until SIGINT/SIGTERM; every trainer is stopped before this returns."""
     plane = Plane(settings)
     app = create_app(plane)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((settings.host, settings.port))
+    sock = bind(settings.host, settings.port)
     port = sock.getsockname()[1]
     url = f"http://{settings.host}:{port}"
 
@@ -58,4 +45,4 @@ def serve(settings: PlaneSettings, *, announce: bool = True) -> None:
         timeout_graceful_shutdown=5,
         lifespan="on",
     )
-    _Server(config, ready).run(sockets=[sock])
+    ReadyServer(config, ready).run(sockets=[sock])

@@ -77,7 +77,8 @@ def _parse_extra_args(args: list[str], problems: list[str]) -> dict[str, Any]:
         try:
             parsed = kind(value)
         except ValueError:
-            problems.append(f"trainingConfig.extraArgs[{i}]: {key} needs a {kind.__name__} value, as {key}=N")
+            noun = "an integer" if kind is int else "a number"
+            problems.append(f"trainingConfig.extraArgs[{i}]: {key} needs {noun} value, as {key}=N")
             continue
         if parsed < 0 or (key in ("--hidden", "--batch-size") and parsed < 1):
             problems.append(f"trainingConfig.extraArgs[{i}]: {key} must be positive")

@@ -11,7 +11,6 @@ import asyncio
 import hashlib
 import json
 import os
-import socket
 import sys
 import time
 from pathlib import Path
@@ -30,6 +29,7 @@ from localplane.errors import (
     error_response,
     install_error_handlers,
 )
+from localplane.serving import ReadyServer, bind
 from localplane.trainer.core import TrainerConfig, TrainerCore
 
 #: Exit code of a trainer that stopped itself after the inactivity timeout.
@@ -213,24 +213,10 @@ async def _watch_inactivity(app: FastAPI, timeout_s: float) -> None:
             os._exit(EXIT_IDLE)
 
 
-class _Server(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, sock: socket.socket, on_ready: Any) -> None:
-        super().__init__(config)
-        self._sock = sock
-        self._on_ready = on_ready
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets=sockets)
-        if not self.should_exit:
-            self._on_ready()
-
-
 def serve(cfg: TrainerConfig, host: str = "127.0.0.1") -> None:
     core = TrainerCore(cfg)
     app = create_app(core)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, 0))
+    sock = bind(host, 0)
     port = sock.getsockname()[1]
 
     def announce() -> None:
@@ -241,5 +227,4 @@ def serve(cfg: TrainerConfig, host: str = "127.0.0.1") -> None:
         print(READY_PREFIX + json.dumps({"port": port, "pid": os.getpid()}), flush=True)
 
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", log_config=None)
-    server = _Server(config, sock, announce)
-    server.run(sockets=[sock])
+    ReadyServer(config, announce).run(sockets=[sock])

@@ -335,8 +335,9 @@ class PlatformClient:
     ) -> AsyncIterator[JobEvent]:
         """Every job state change of the account as it happens (Server-Sent Events).
 
-        Resumes after ``last_event_id`` when given, so a reconnecting watcher misses
-        nothing. Ends only when the server closes the stream or the caller stops.
+        Without ``last_event_id`` only live events arrive; with it, every event after that
+        id first (``0``: the whole history), so a reconnecting watcher misses nothing.
+        Ends only when the server closes the stream or the caller stops.
         """
         headers = {"Last-Event-ID": str(last_event_id)} if last_event_id is not None else {}
         url = f"{await self._account_url()}/rlorTrainerJobs:watch"

@@ -1,0 +1,160 @@
+"""What every activity shares: the platform clients (by backend *name*), the translation
+of platform errors into ``ApplicationError`` types the workflow and its retry policies
+branch on, and the verified-404 rule (trainer-api.md §5).
+
+Activities are thin: one platform interaction each, no retry loops — a retry is the
+declared policy's job (``workflows/policies.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any, Protocol
+
+import structlog
+from temporalio import activity
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
+
+from shepherd.models import PlatformJob
+from shepherd.platform import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    PlatformClient,
+    PlatformError,
+    Unauthenticated,
+)
+from shepherd.platform.models import TrainerJob
+from shepherd.states import JobState
+from workflows import policies
+
+
+class ClientProvider(Protocol):
+    """Gives the platform client of a backend profile (built by the worker)."""
+
+    def client(self, backend: str) -> PlatformClient: ...
+
+
+def log(**bound: Any) -> structlog.stdlib.BoundLogger:
+    """A logger carrying the activity's workflow id, type and attempt (and ``bound``)."""
+    info = activity.info()
+    return structlog.stdlib.get_logger("shepherd.activity").bind(
+        workflow_id=info.workflow_id,
+        activity=info.activity_type,
+        attempt=info.attempt,
+        **bound,
+    )
+
+
+def snapshot(job: TrainerJob) -> PlatformJob:
+    return PlatformJob(
+        trainer_job_id=job.job_id,
+        state=job.state.value,
+        status_code=job.status.code,
+        message=job.status.message,
+        update_time=job.update_time,
+    )
+
+
+def not_ready(message: str, *, next_retry_delay: timedelta | None = None, details: Any = None) -> ApplicationError:
+    """Benign: the expected "not yet" of a poll; logged at DEBUG, not as a failure."""
+    return ApplicationError(
+        message,
+        *(() if details is None else (details,)),
+        type=policies.NOT_READY,
+        category=ApplicationErrorCategory.BENIGN,
+        next_retry_delay=next_retry_delay,
+    )
+
+
+def lost(job: PlatformJob) -> ApplicationError:
+    """The trainer is not serving any more: the workflow decides (recovery or failure)."""
+    kind = policies.TRAINER_GONE if JobState(job.state).is_gone() else policies.TRAINER_LOST
+    return ApplicationError(
+        f"trainer {job.trainer_job_id} is {job.state}: {job.message or 'no message'}",
+        job.model_dump(mode="json"),
+        type=kind,
+        non_retryable=True,
+    )
+
+
+_PERMANENT_TYPES: dict[type[PlatformError], str] = {
+    InvalidArgument: policies.INVALID_REQUEST,
+    Unauthenticated: policies.UNAUTHENTICATED,
+    PermissionDenied: policies.PERMISSION_DENIED,
+    FailedPrecondition: policies.FAILED_PRECONDITION,
+    NotFound: policies.NOT_FOUND,
+    AlreadyExists: policies.INVALID_REQUEST,
+}
+
+
+def translate(exc: PlatformError, context: str = "") -> ApplicationError:
+    """A platform error as the ApplicationError its retry policy expects: retryable errors
+    keep their class name as type; permanent ones get a non-retryable type."""
+    message = f"{context}: {exc}" if context else str(exc)
+    if exc.retryable:
+        return ApplicationError(message, type=type(exc).__name__)
+    kind = next((t for cls, t in _PERMANENT_TYPES.items() if isinstance(exc, cls)), policies.INVALID_REQUEST)
+    return ApplicationError(message, type=kind, non_retryable=True)
+
+
+async def verified_404(
+    client: PlatformClient, trainer_job_id: str, *, races: int, retries: int, window: timedelta
+) -> ApplicationError:
+    """What a data-plane 404 means, asked of the control plane (trainer-api.md §5).
+
+    RUNNING: the route race — retryable after a growing delay, within ``retries``.
+    Anything else: the trainer is gone — non-retryable, no budget burned. A failing
+    control-plane probe surfaces as itself (never masked as a race or a death).
+    """
+    try:
+        job = snapshot(await client.get_job(trainer_job_id))
+    except PlatformError as exc:
+        return translate(exc, f"checking trainer {trainer_job_id} after a 404")
+    if job.state != JobState.RUNNING.value:
+        return lost(job)
+    if races > retries:
+        return ApplicationError(
+            f"trainer {trainer_job_id} is RUNNING but its route still answers 404 after {retries} verified retries",
+            type=policies.ROUTE_RACE_EXHAUSTED,
+            non_retryable=True,
+        )
+    return ApplicationError(
+        f"route race: trainer {trainer_job_id} is RUNNING but the gateway answered 404 (retry {races}/{retries})",
+        {"route_races": races},
+        type=policies.ROUTE_RACE,
+        category=ApplicationErrorCategory.BENIGN,
+        next_retry_delay=policies.route_race_delay(races, retries, window),
+    )
+
+
+def previous_details() -> dict[str, Any]:
+    """The last heartbeat details of an earlier attempt of this activity, if any."""
+    details = activity.info().heartbeat_details
+    if details and isinstance(details[0], dict):
+        return dict(details[0])
+    return {}
+
+
+@contextlib.asynccontextmanager
+async def keepalive(progress: dict[str, Any], every: float) -> AsyncIterator[None]:
+    """Heartbeat ``progress`` every ``every`` seconds while a long call is in flight, so a
+    dead worker is noticed within the heartbeat timeout however long one step takes."""
+
+    async def beat() -> None:
+        while True:
+            activity.heartbeat(dict(progress))
+            await asyncio.sleep(every)
+
+    task = asyncio.create_task(beat())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -1,0 +1,71 @@
+"""Promotion: turn a checkpoint into a model, and wait until the model is READY."""
+
+from __future__ import annotations
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.base import ClientProvider, log, not_ready, translate
+from shepherd.models import ModelInfo, PromoteInput
+from shepherd.platform import AlreadyExists, NotFound, PlatformError
+from shepherd.platform.models import Model
+from workflows import policies
+
+
+def _info(model: Model) -> ModelInfo:
+    return ModelInfo(name=model.name, state=model.state, kind=model.kind, checkpoint=model.checkpoint)
+
+
+class PromotionActivities:
+    def __init__(self, clients: ClientProvider) -> None:
+        self.clients = clients
+
+    @activity.defn(name="promote_checkpoint")
+    async def promote_checkpoint(self, inp: PromoteInput) -> ModelInfo:
+        """Start the promotion (asynchronously on the platform). A retry that finds the
+        model already made from this very checkpoint is the same promotion, not a clash."""
+        client = self.clients.client(inp.backend)
+        checkpoint_id = inp.checkpoint.rsplit("/", 1)[-1]
+        try:
+            answer = await client.promote_checkpoint(
+                checkpoint_id,
+                job_id=inp.trainer_job_id,
+                output_model_id=inp.model_id,
+                base_model=inp.base_model,
+                async_promotion=True,
+            )
+        except AlreadyExists:
+            try:
+                model = await client.get_model(inp.model_id)
+            except PlatformError as exc:
+                raise translate(exc, "reading the existing model") from None
+            if model.checkpoint != inp.checkpoint:
+                raise ApplicationError(
+                    f"output.model_id: model {model.name} already exists (from {model.checkpoint})",
+                    type=policies.MODEL_EXISTS,
+                    non_retryable=True,
+                ) from None
+            return _info(model)
+        except PlatformError as exc:
+            raise translate(exc, f"promoting {inp.checkpoint}") from None
+        log(trainer_job_id=inp.trainer_job_id).info("model.promotion_started", model=inp.model_id)
+        if answer.model is not None:
+            return _info(answer.model)
+        if answer.operation and answer.operation.done and answer.operation.response:
+            return _info(answer.operation.response)
+        return ModelInfo(name=f"accounts/{await client.account_id()}/models/{inp.model_id}", state="UPLOADING", checkpoint=inp.checkpoint)
+
+    @activity.defn(name="wait_for_model")
+    async def wait_for_model(self, inp: PromoteInput) -> ModelInfo:
+        client = self.clients.client(inp.backend)
+        try:
+            model = await client.get_model(inp.model_id)
+        except NotFound:
+            raise not_ready(f"model {inp.model_id} not visible yet") from None
+        except PlatformError as exc:
+            raise translate(exc, "reading the promoted model") from None
+        if model.state == "READY":
+            return _info(model)
+        if model.state == "FAILED":
+            raise ApplicationError(f"promotion of {inp.checkpoint} failed", type=policies.INVALID_REQUEST, non_retryable=True)
+        raise not_ready(f"model {inp.model_id} is {model.state}")

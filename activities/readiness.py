@@ -1,0 +1,93 @@
+"""Readiness: wait for placement, for RUNNING, for a resumable state (polling by retries:
+each activity looks once and raises a benign ``NotReady`` while the platform is not there),
+and warm the gateway route up with consecutive ``get_info`` probes."""
+
+from __future__ import annotations
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.base import ClientProvider, lost, not_ready, snapshot, translate
+from shepherd.models import PlatformJob, TrainerRef, WarmUpInput, WarmUpResult
+from shepherd.platform import PlatformError, RouteNotFound
+from shepherd.states import JobState
+from workflows import policies
+
+_PLACED = {JobState.CREATING, JobState.RUNNING}
+
+
+class ReadinessActivities:
+    def __init__(self, clients: ClientProvider) -> None:
+        self.clients = clients
+
+    async def _look(self, ref: TrainerRef) -> PlatformJob:
+        try:
+            return snapshot(await self.clients.client(ref.backend).get_job(ref.trainer_job_id))
+        except PlatformError as exc:
+            raise translate(exc, f"reading trainer {ref.trainer_job_id}") from None
+
+    @activity.defn(name="wait_for_placement")
+    async def wait_for_placement(self, ref: TrainerRef) -> PlatformJob:
+        """Returns once the job holds a slot (CREATING or RUNNING)."""
+        job = await self._look(ref)
+        state = JobState(job.state)
+        if state in _PLACED:
+            return job
+        if state in (JobState.PENDING, JobState.UNSPECIFIED):
+            raise not_ready(f"trainer {ref.trainer_job_id} waits for capacity ({job.state})")
+        raise lost(job)
+
+    @activity.defn(name="wait_for_running")
+    async def wait_for_running(self, ref: TrainerRef) -> PlatformJob:
+        """Returns once the trainer is RUNNING; fails fast on a terminal state."""
+        job = await self._look(ref)
+        state = JobState(job.state)
+        if state is JobState.RUNNING:
+            return job
+        if state.is_transitional():
+            raise not_ready(f"trainer {ref.trainer_job_id} is {job.state}")
+        raise lost(job)
+
+    @activity.defn(name="wait_for_resumable")
+    async def wait_for_resumable(self, ref: TrainerRef) -> PlatformJob:
+        """After a death: returns once the job is resumable (or already RUNNING again),
+        tolerating the transitional states a platform shows while it catches up."""
+        job = await self._look(ref)
+        state = JobState(job.state)
+        if state.is_resumable() or state is JobState.RUNNING:
+            return job
+        if state.is_gone():
+            raise lost(job)
+        raise not_ready(f"trainer {ref.trainer_job_id} is {job.state}; waiting for a resumable state")
+
+    @activity.defn(name="warm_up")
+    async def warm_up(self, inp: WarmUpInput) -> WarmUpResult:
+        """``probes`` consecutive successful get_info calls through the gateway. A 404 is
+        the route race while the control plane says RUNNING (retried by the policy with
+        bounded backoff); anything else surfaces at once."""
+        client = self.clients.client(inp.backend)
+        trainer = await client.trainer(inp.trainer_job_id)
+        step = 0
+        for _ in range(inp.probes):
+            try:
+                step = (await trainer.get_info()).step
+            except RouteNotFound:
+                try:
+                    job = snapshot(await client.get_job(inp.trainer_job_id))
+                except PlatformError as exc:
+                    raise translate(exc, "checking the trainer during warm-up") from None
+                if job.state != JobState.RUNNING.value:
+                    raise lost(job) from None
+                raise not_ready(f"route to {inp.trainer_job_id} not on every gateway replica yet") from None
+            except PlatformError as exc:
+                raise ApplicationError(
+                    f"warm-up probe failed: {exc}", type=type(exc).__name__, non_retryable=True
+                ) from None
+        return WarmUpResult(step=step, probes=inp.probes)
+
+    @activity.defn(name="get_platform_job")
+    async def get_platform_job(self, ref: TrainerRef) -> PlatformJob:
+        return await self._look(ref)
+
+
+__all__ = ["ReadinessActivities", "policies"]

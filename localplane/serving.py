@@ -1,0 +1,37 @@
+"""One uvicorn server flavour for the plane and its trainers: it calls back once it is
+listening, and a shutdown asked for by SIGINT/SIGTERM exits with status 0 (uvicorn would
+re-raise the signal, which reads as a crash to supervisors)."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections.abc import Callable, Generator
+
+import uvicorn
+
+
+class ReadyServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, on_ready: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_ready = on_ready
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if not self.should_exit:
+            self._on_ready()
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        with super().capture_signals():
+            try:
+                yield
+            finally:
+                self._captured_signals.clear()
+
+
+def bind(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    return sock

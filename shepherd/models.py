@@ -1,0 +1,291 @@
+"""One pydantic input and output model per workflow, activity, signal and update (style.md
+§2), and the job's status — the single state model the lifecycle workflow keeps.
+
+Nothing here holds a secret: backends are referred to by *name*; URLs and keys live in the
+worker's configuration.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from shepherd.phases import Phase
+from shepherd.spec import JobSpec, TrainerSpec
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+# ----------------------------------------------------------------------------- activities
+
+
+class TrainerRef(Model):
+    """A trainer job on a backend."""
+
+    backend: str
+    trainer_job_id: str
+
+
+class ResolveShapeInput(Model):
+    backend: str
+    shape: str
+
+
+class ShapeInfo(Model):
+    version: str
+    max_context_length: int | None = None
+    accelerator_type: str | None = None
+    accelerator_count: int | None = None
+    node_count: int | None = None
+    trainer_mode: str | None = None
+
+
+class CreateTrainerInput(Model):
+    backend: str
+    trainer_job_id: str
+    trainer: TrainerSpec
+    shape_version: str | None = None
+    dataset: str
+    seed: int
+    batch_size: int
+    preemptible: bool
+    display_name: str
+
+
+class PlatformJob(Model):
+    """What the platform says about a trainer job right now."""
+
+    trainer_job_id: str
+    state: str
+    status_code: str = "OK"
+    message: str = ""
+    update_time: datetime | None = None
+
+
+class WarmUpInput(Model):
+    backend: str
+    trainer_job_id: str
+    probes: int
+
+
+class WarmUpResult(Model):
+    step: int
+    probes: int
+
+
+class TrainChunkInput(Model):
+    backend: str
+    trainer_job_id: str
+    first_step: int
+    last_step: int
+    loop: str
+    dataset: str
+    batch_size: int
+    micro_batches: int
+    seed: int
+    learning_rate: float
+    route_race_retries: int
+    route_race_window_s: float
+    #: Per-call timeout of training calls (one step may be slow on a real GPU).
+    step_timeout_s: float
+
+
+class ChunkResult(Model):
+    last_step: int
+    last_loss: float | None = None
+    mean_loss: float | None = None
+    #: Steps this chunk found already applied (a retried attempt, or work redone).
+    steps_skipped: int = 0
+    route_races: int = 0
+
+
+class SaveCheckpointInput(Model):
+    backend: str
+    trainer_job_id: str
+    name: str
+
+
+class CheckpointRecord(Model):
+    name: str
+    step: int
+    trainer_job_id: str
+    metric: float | None = None
+    saved_at: datetime | None = None
+
+
+class EvaluateInput(Model):
+    backend: str
+    trainer_job_id: str
+
+
+class EvaluateResult(Model):
+    step: int
+    metrics: dict[str, float]
+
+
+class LoadCheckpointInput(Model):
+    backend: str
+    trainer_job_id: str
+    checkpoint: str
+
+
+class LoadCheckpointResult(Model):
+    step: int
+    weights_digest: str | None = None
+
+
+class PruneCheckpointsInput(Model):
+    backend: str
+    checkpoints: list[str]
+
+
+class PruneCheckpointsResult(Model):
+    deleted: list[str] = Field(default_factory=list)
+    #: The backend has no delete call: nothing was pruned (kept, not lost).
+    unsupported: bool = False
+
+
+class PromoteInput(Model):
+    backend: str
+    trainer_job_id: str
+    checkpoint: str
+    model_id: str
+    base_model: str
+
+
+class ModelInfo(Model):
+    name: str
+    state: str
+    kind: str | None = None
+    checkpoint: str | None = None
+
+
+class TrainerInfoResult(Model):
+    step: int
+    weights_digest: str | None = None
+
+
+# ---------------------------------------------------------------------- signals / updates
+
+
+class PlatformEvent(Model):
+    """A platform state change pushed to the workflow by the worker's event bridge."""
+
+    trainer_job_id: str
+    state: str
+    message: str = ""
+    event_id: int = 0
+    event_time: datetime | None = None
+
+
+class PauseRequest(Model):
+    reason: str = ""
+
+
+class PauseResult(Model):
+    checkpoint: str | None
+    step: int
+
+
+class ResumeRequest(Model):
+    #: Resume from this checkpoint (a resource name); default: the one saved at pause.
+    checkpoint: str | None = None
+
+
+# ------------------------------------------------------------------------------ status
+
+
+class RecoveryRecord(Model):
+    number: int
+    #: preemption | failure | idle | platform_restart | deleted
+    reason: str
+    platform_state: str
+    message: str
+    at_step: int
+    resumed_from_step: int | None = None
+    steps_redone: int | None = None
+    started_at: datetime
+    duration_s: float | None = None
+    #: How the trainer came back: "resume" or "new-trainer" (fallback to on-demand).
+    action: str = "resume"
+
+
+class ErrorInfo(Model):
+    type: str
+    message: str
+
+
+class JobStatus(Model):
+    """Everything a user asks about a job: the answer of the ``status`` query."""
+
+    workflow_id: str = ""
+    name: str = ""
+    labels: dict[str, str] = Field(default_factory=dict)
+    phase: Phase = Phase.PENDING
+    platform_state: str | None = None
+    platform_message: str = ""
+    backend: str = ""
+    trainer_job_id: str | None = None
+    #: Trainer generation: a new trainer job id is provisioned after a pause or fallback.
+    generation: int = 0
+    step: int = 0
+    total_steps: int = 0
+    last_loss: float | None = None
+    eval_metric: str = "eval_loss"
+    eval_value: float | None = None
+    checkpoints: list[CheckpointRecord] = Field(default_factory=list)
+    best: CheckpointRecord | None = None
+    preemptions: int = 0
+    failures: int = 0
+    route_races: int = 0
+    recoveries: list[RecoveryRecord] = Field(default_factory=list)
+    #: Seconds spent per phase.
+    timings: dict[str, float] = Field(default_factory=dict)
+    started_at: datetime | None = None
+    updated_at: datetime | None = None
+    model: ModelInfo | None = None
+    error: ErrorInfo | None = None
+    cleanup: str = "pending"
+    paused_checkpoint: str | None = None
+    parent_workflow_id: str | None = None
+    continued_as_new: int = 0
+
+    @property
+    def last_checkpoint(self) -> CheckpointRecord | None:
+        return self.checkpoints[-1] if self.checkpoints else None
+
+    def summary(self) -> str:
+        """One readable paragraph for the Web UI's current details."""
+        parts = [f"**{self.phase.value}** · step {self.step}/{self.total_steps}"]
+        if self.last_loss is not None:
+            parts.append(f"loss {self.last_loss:.4f}")
+        if self.eval_value is not None:
+            parts.append(f"{self.eval_metric} {self.eval_value:.4f}")
+        lines = [" · ".join(parts)]
+        if self.trainer_job_id:
+            lines.append(f"trainer `{self.trainer_job_id}` ({(self.platform_state or '?').removeprefix('JOB_STATE_')})")
+        if self.best:
+            lines.append(f"best checkpoint: {self.best.name.rsplit('/', 1)[-1]} (step {self.best.step})")
+        if self.recoveries:
+            last = self.recoveries[-1]
+            lines.append(f"recoveries: {len(self.recoveries)} (last: {last.reason} at step {last.at_step})")
+        if self.model:
+            lines.append(f"model: {self.model.name}")
+        if self.error:
+            lines.append(f"error: {self.error.type}: {self.error.message}")
+        return "\n".join(lines)
+
+
+class JobInput(Model):
+    """The lifecycle workflow's one argument."""
+
+    spec: JobSpec
+    parent_workflow_id: str | None = None
+    #: State carried across continue-as-new (None on a fresh start).
+    carried: JobStatus | None = None
+    #: Internal flags carried across continue-as-new.
+    carried_flags: dict[str, Any] = Field(default_factory=dict)

@@ -1,0 +1,443 @@
+"""The job spec: one pydantic model, loaded from YAML/JSON or built in Python, validated
+before anything is provisioned (design.md, "The job spec").
+
+Every rule the platform would reject is checked here with the platform's own rules
+(:mod:`shepherd.platform.rules`), plus Shepherd's own. A spec that breaks rules raises
+:class:`SpecError`, which lists every problem as ``field: rule``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from shepherd.platform import rules
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(value: Any) -> timedelta:
+    """``90``, ``"90s"``, ``"15m"``, ``"1h30m"``, ``"48h"``, ``"2d"`` or a timedelta."""
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, bool):
+        raise PydanticCustomError("duration", "must be a duration such as '90s', '15m' or '48h'")
+    if isinstance(value, int | float):
+        return timedelta(seconds=float(value))
+    if isinstance(value, str):
+        text = value.strip().replace(" ", "")
+        parts = _DURATION_PART.findall(text)
+        if parts and "".join(n + u for n, u in parts) == text:
+            return timedelta(seconds=sum(float(n) * _UNITS[u] for n, u in parts))
+        if re.fullmatch(r"\d+(\.\d+)?", text):
+            return timedelta(seconds=float(text))
+    raise PydanticCustomError("duration", "must be a duration such as '90s', '15m' or '48h'")
+
+
+def format_duration(td: timedelta) -> str:
+    seconds = td.total_seconds()
+    if seconds and seconds % 3600 == 0:
+        return f"{int(seconds // 3600)}h"
+    if seconds and seconds % 60 == 0:
+        return f"{int(seconds // 60)}m"
+    return f"{seconds:g}s"
+
+
+Duration = Annotated[
+    timedelta,
+    BeforeValidator(parse_duration),
+    PlainSerializer(format_duration, return_type=str, when_used="json"),
+]
+
+
+class SpecModel(BaseModel):
+    """Strict about names (a typo is an error, not a silently ignored field)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=False)
+
+
+def _rule(check: Any) -> Any:
+    """A field validator from a platform rule check (returns None or the broken rule)."""
+
+    def validate(value: Any) -> Any:
+        if value is not None and (problem := check(value)):
+            raise PydanticCustomError("platform_rule", problem)
+        return value
+
+    return validate
+
+
+LABEL_KEY = re.compile(r"^[a-z0-9]([a-z0-9_./-]{0,61}[a-z0-9])?$")
+LOOP_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+JOB_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")
+BACKEND_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
+
+
+class TrainerSpec(SpecModel):
+    """What to provision (the platform's create request)."""
+
+    base_model: Annotated[str, BeforeValidator(_rule(rules.check_base_model))]
+    #: ``accounts/<a>/trainingShapes/<s>[/versions/<v>]``; None is the manual path.
+    training_shape: Annotated[str | None, BeforeValidator(_rule(rules.check_shape_ref))] = None
+    lora_rank: Annotated[int, BeforeValidator(_rule(lambda v: rules.check_lora_rank(v) if isinstance(v, int) else None))] = 0
+    learning_rate: float = Field(default=1e-3, gt=0, le=1)
+    max_context_length: int | None = Field(default=None, ge=1, le=rules.MAX_CONTEXT_LENGTH)
+    display_name: Annotated[str | None, BeforeValidator(_rule(rules.check_display_name))] = None
+    hot_load_deployment: Annotated[str | None, BeforeValidator(_rule(rules.check_resource_id))] = None
+    forward_only: bool = False
+    # Infrastructure overrides: the manual path only (a shape decides them otherwise).
+    region: str | None = None
+    accelerator_type: Annotated[str | None, BeforeValidator(_rule(rules.check_accelerator_type))] = None
+    accelerator_count: int | None = Field(default=None, ge=1, le=64)
+    node_count: int | None = Field(default=None, ge=1, le=64)
+    extra_args: list[str] = Field(default_factory=list)
+    inactivity_timeout: Duration = timedelta(hours=1)
+    preemptible: bool = False
+
+    @field_validator("inactivity_timeout")
+    @classmethod
+    def _inactivity(cls, value: timedelta) -> timedelta:
+        if value <= timedelta(0):
+            raise PydanticCustomError("platform_rule", "must be positive")
+        if value.total_seconds() > rules.MAX_INACTIVITY_TIMEOUT_S:
+            raise PydanticCustomError("platform_rule", "must be at most 3h (the platform's limit)")
+        return value
+
+    @model_validator(mode="after")
+    def _shape_or_manual(self) -> TrainerSpec:
+        if self.training_shape:
+            overrides = {
+                "accelerator_type": self.accelerator_type,
+                "accelerator_count": self.accelerator_count,
+                "node_count": self.node_count,
+                "region": self.region,
+            }
+            for field_name, value in overrides.items():
+                if value is not None:
+                    raise _located(
+                        field_name,
+                        "must not be set together with trainer.training_shape: the shape decides it "
+                        "(manual path only)",
+                    )
+        return self
+
+
+class TrainingSpec(SpecModel):
+    """What to run."""
+
+    #: ``supervised`` (built in) or a user loop as ``package.module:function``.
+    loop: str = "supervised"
+    dataset: str = "synthetic:text"
+    total_steps: int = Field(gt=0, le=10_000_000)
+    batch_size: int = Field(default=32, ge=1, le=4096)
+    micro_batches: int = Field(default=1, ge=1, le=64)
+    seed: int = Field(default=0, ge=0, le=2**31 - 1)
+    validation_split: float = Field(default=0.1, gt=0, lt=1)
+    #: Start from this checkpoint (``accounts/<a>/rlorTrainerJobs/<j>/checkpoints/<c>``).
+    resume_from: str | None = None
+    #: Optimizer steps per training activity; defaults to the checkpoint cadence (max 50).
+    steps_per_chunk: int | None = Field(default=None, ge=1, le=10_000)
+
+    @field_validator("loop")
+    @classmethod
+    def _loop(cls, value: str) -> str:
+        if value != "supervised" and not LOOP_REF.match(value):
+            raise PydanticCustomError("loop", "must be 'supervised' or a user loop as 'package.module:function'")
+        return value
+
+    @field_validator("resume_from")
+    @classmethod
+    def _resume(cls, value: str | None) -> str | None:
+        if value is not None and not rules.CHECKPOINT_NAME_RE.match(value):
+            raise PydanticCustomError(
+                "checkpoint", "must be a checkpoint name: accounts/<a>/rlorTrainerJobs/<j>/checkpoints/<c>"
+            )
+        return value
+
+
+class CheckpointSpec(SpecModel):
+    every_steps: int = Field(default=50, ge=1)
+    keep_last: int = Field(default=3, ge=1, le=1000)
+    #: Tracked metric for "best": ``eval_loss`` (or another key the trainer's evaluate returns).
+    metric: str = "eval_loss"
+    mode: Literal["min", "max"] = "min"
+    #: Which checkpoint a recovery reloads.
+    resume_from: Literal["last", "best"] = "last"
+    #: Evaluate at every checkpoint (needed to track the best).
+    evaluate: bool = True
+
+
+class OutputSpec(SpecModel):
+    model_id: Annotated[str | None, BeforeValidator(_rule(rules.check_resource_id))] = None
+    promote: Literal["best", "last", "none"] = "last"
+    hot_load_deployment: Annotated[str | None, BeforeValidator(_rule(rules.check_resource_id))] = None
+
+
+class SchedulingSpec(SpecModel):
+    #: Temporal task queue for this job's activities (None: the worker's default).
+    queue: str | None = Field(default=None, min_length=1, max_length=200)
+    #: 0 (lowest) .. 10 (most urgent): maps to Temporal's task priority.
+    priority: int = Field(default=5, ge=0, le=10)
+    preemptible: bool = False
+    #: Hard bound on the job's whole life; past it the job fails (and the trainer is deleted).
+    max_runtime: Duration | None = None
+
+    @field_validator("max_runtime")
+    @classmethod
+    def _positive(cls, value: timedelta | None) -> timedelta | None:
+        if value is not None and value <= timedelta(0):
+            raise PydanticCustomError("duration", "must be positive")
+        return value
+
+
+class PoliciesSpec(SpecModel):
+    """Overrides of the declared timeouts and retry budgets (see ``workflows.policies``)."""
+
+    pending_timeout: Duration = timedelta(hours=48)
+    ready_timeout: Duration = timedelta(minutes=15)
+    poll_interval: Duration = timedelta(seconds=5)
+    warmup_probes: int = Field(default=3, ge=1, le=50)
+    warmup_timeout: Duration = timedelta(seconds=120)
+    route_race_retries: int = Field(default=4, ge=0, le=100)
+    route_race_window: Duration = timedelta(seconds=30)
+    max_preemptions: int = Field(default=10, ge=0, le=1000)
+    max_failures: int = Field(default=3, ge=0, le=100)
+    #: After this many preemptions a preemptible job continues on a non-preemptible trainer.
+    fallback_to_on_demand_after: int | None = Field(default=None, ge=1)
+    #: Longest one optimizer step may take before the trainer is presumed stuck.
+    step_timeout: Duration = timedelta(minutes=10)
+    #: Silence after which a training activity's worker is presumed dead and the chunk is
+    #: retried elsewhere (activities heartbeat during long steps too).
+    heartbeat_timeout: Duration = timedelta(seconds=30)
+    #: Continue-as-new once the history holds this many events (Temporal's own suggestion
+    #: also triggers it), so a 100 000-step job keeps a small history.
+    max_history_events: int = Field(default=10_000, ge=200, le=50_000)
+
+    @model_validator(mode="after")
+    def _positive(self) -> PoliciesSpec:
+        for name in (
+            "pending_timeout",
+            "ready_timeout",
+            "warmup_timeout",
+            "route_race_window",
+            "step_timeout",
+            "heartbeat_timeout",
+        ):
+            if getattr(self, name) <= timedelta(0):
+                raise _located(name, "must be positive")
+        if self.poll_interval < timedelta(seconds=1):
+            raise _located("poll_interval", "must be at least 1s")
+        return self
+
+
+class JobSpec(SpecModel):
+    """A training job, from provisioning to the promoted model."""
+
+    name: str
+    labels: dict[str, str] = Field(default_factory=dict)
+    trainer: TrainerSpec
+    training: TrainingSpec
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    output: OutputSpec = Field(default_factory=OutputSpec)
+    scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
+    policies: PoliciesSpec = Field(default_factory=PoliciesSpec)
+    #: The *name* of a backend profile of the worker (URLs and keys live there, never here).
+    backend: str = "local"
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not JOB_NAME.match(value):
+            raise PydanticCustomError(
+                "name", "must be 1-40 characters of a-z, 0-9 and '-', starting and ending with a letter or digit"
+            )
+        return value
+
+    @field_validator("backend")
+    @classmethod
+    def _backend(cls, value: str) -> str:
+        if not BACKEND_NAME.match(value):
+            raise PydanticCustomError("backend", "must be a backend profile name such as 'local' or 'fireworks'")
+        return value
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
+        if len(value) > 32:
+            raise PydanticCustomError("labels", "at most 32 labels")
+        for key, val in value.items():
+            if not LABEL_KEY.match(key):
+                raise PydanticCustomError(
+                    "labels", "label key '{key}' must be 1-63 characters of a-z, 0-9, '_', '.', '/', '-'", {"key": key}
+                )
+            if len(val) > 63 or "\n" in val:
+                raise PydanticCustomError("labels", "label '{key}': values are at most 63 characters on one line", {"key": key})
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> JobSpec:
+        if self.checkpoint.every_steps > self.training.total_steps:
+            raise _located(
+                "checkpoint.every_steps",
+                f"must be <= training.total_steps ({self.training.total_steps})",
+            )
+        if self.output.promote != "none" and not self.output.model_id:
+            raise _located("output.model_id", "is required when output.promote is 'best' or 'last'")
+        if self.output.promote == "best" and not self.checkpoint.evaluate:
+            raise _located("output.promote", "'best' needs checkpoint.evaluate: true (the best is measured)")
+        if self.checkpoint.resume_from == "best" and not self.checkpoint.evaluate:
+            raise _located("checkpoint.resume_from", "'best' needs checkpoint.evaluate: true")
+        if self.trainer.forward_only:
+            raise _located("trainer.forward_only", "a forward-only trainer cannot apply optimizer steps; this job trains")
+        return self
+
+    # ------------------------------------------------------------------ helpers
+
+    @property
+    def preemptible(self) -> bool:
+        return self.trainer.preemptible or self.scheduling.preemptible
+
+    @property
+    def steps_per_chunk(self) -> int:
+        return self.training.steps_per_chunk or min(self.checkpoint.every_steps, 50)
+
+    def label_keywords(self) -> list[str]:
+        """Labels as ``key=value`` keywords (the ``ShepherdLabels`` search attribute)."""
+        return [f"{k}={v}" for k, v in sorted(self.labels.items())]
+
+
+# ------------------------------------------------------------------------------ errors
+
+
+def _located(field: str, rule: str) -> PydanticCustomError:
+    # Raised from model validators, which pydantic would otherwise report on the model itself.
+    return PydanticCustomError("located", "{field}: {rule}", {"field": field, "rule": rule})
+
+
+class SpecProblem(BaseModel):
+    field: str
+    rule: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.rule}"
+
+
+class SpecError(ValueError):
+    """The spec breaks rules; ``problems`` lists each as ``field: rule``."""
+
+    def __init__(self, problems: list[SpecProblem], source: str | None = None) -> None:
+        self.problems = problems
+        self.source = source
+        where = f" in {source}" if source else ""
+        lines = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"invalid job spec{where} ({len(problems)} problem{'s' * (len(problems) != 1)}):\n{lines}")
+
+
+def _prefix_for(model_loc: tuple[Any, ...]) -> str:
+    return ".".join(str(p) for p in model_loc)
+
+
+def problems_from(exc: ValidationError) -> list[SpecProblem]:
+    out = []
+    for err in exc.errors():
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        field = _prefix_for(loc) or "spec"
+        if err["type"] == "located":
+            ctx = err.get("ctx", {})
+            inner = str(ctx.get("field", ""))
+            prefix = field if field != "spec" else ""
+            field = f"{prefix}.{inner}" if prefix and not inner.startswith(prefix) else inner
+            rule = str(ctx.get("rule", err["msg"]))
+        elif err["type"] == "extra_forbidden":
+            rule = "is not a known field"
+        elif err["type"] == "missing":
+            rule = "is required"
+        else:
+            rule = err["msg"]
+            rule = rule[0].lower() + rule[1:] if rule else rule
+        out.append(SpecProblem(field=field, rule=rule))
+    return out
+
+
+def validate_spec(data: Any, source: str | None = None) -> JobSpec:
+    """A valid :class:`JobSpec` from a dict (or a JobSpec), else :class:`SpecError`."""
+    if isinstance(data, JobSpec):
+        data = data.model_dump(mode="json")
+    if not isinstance(data, dict):
+        raise SpecError([SpecProblem(field="spec", rule="must be a mapping of sections")], source)
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(problems_from(exc), source) from None
+
+
+def load_spec_data(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError([SpecProblem(field="spec", rule=f"cannot read {path}: {exc.strerror}")], str(path)) from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise SpecError([SpecProblem(field="spec", rule=f"not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}")], str(path)) from None
+    if not isinstance(data, dict):
+        raise SpecError([SpecProblem(field="spec", rule="must be a mapping of sections")], str(path))
+    return data
+
+
+def load_spec(path: str | Path, *, overrides: list[str] | None = None) -> JobSpec:
+    """Load and validate a YAML/JSON spec, applying ``path.to.field=value`` overrides."""
+    data = load_spec_data(path)
+    for item in overrides or []:
+        apply_override(data, item)
+    return validate_spec(data, str(path))
+
+
+def apply_override(data: dict[str, Any], item: str) -> None:
+    """``training.total_steps=200`` -> data["training"]["total_steps"] = 200 (YAML-typed)."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key:
+        raise SpecError([SpecProblem(field=item, rule="an override must be path.to.field=value")])
+    value = yaml.safe_load(raw) if raw else ""
+    node = data
+    parts = key.strip().split(".")
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise SpecError([SpecProblem(field=key, rule=f"{part} is not a section")])
+        node = child
+    node[parts[-1]] = value
+
+
+def resolve_templates(spec: JobSpec, scheduled_time: datetime) -> JobSpec:
+    """Fill ``{scheduled_time:%Y%m%d}``-style placeholders in string fields (schedules)."""
+    data = spec.model_dump(mode="json")
+
+    def fill(value: Any) -> Any:
+        if isinstance(value, str) and "{scheduled_time" in value:
+            return value.format(scheduled_time=scheduled_time)
+        if isinstance(value, dict):
+            return {k: fill(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [fill(v) for v in value]
+        return value
+
+    return validate_spec(fill(data))

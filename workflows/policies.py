@@ -1,0 +1,214 @@
+"""Every wait, retry and timeout of the job lifecycle, declared in one place.
+
+"Where is the warm-up policy declared?" — here. Each activity call states its timeouts and
+``RetryPolicy``; waiting on the platform is polling *by retries* (the activity raises a
+benign, retryable error while the platform is not there yet, and ``backoff_coefficient=1.0``
+makes the retry interval the poll interval). A job's ``spec.policies`` overrides the knobs
+documented in :class:`shepherd.spec.PoliciesSpec`.
+
+Deterministic code only: imported by the workflow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from temporalio.common import RetryPolicy
+
+from shepherd.spec import PoliciesSpec
+
+# --------------------------------------------------------------------- error types
+# ApplicationError types raised by activities; the workflow branches on them.
+
+#: The platform is not there yet (benign; retried by the poll policy).
+NOT_READY = "NotReady"
+#: The trainer died (FAILED, IDLE, CANCELLED ...): go to recovery, no retry budget burned.
+TRAINER_LOST = "TrainerLost"
+#: The trainer job was deleted (or is being deleted) outside Shepherd.
+TRAINER_GONE = "TrainerGone"
+#: A data-plane 404 while the control plane says RUNNING: the gateway route race.
+ROUTE_RACE = "RouteRace"
+#: The route race outlasted its budget.
+ROUTE_RACE_EXHAUSTED = "RouteRaceExhausted"
+#: The trainer's step is behind what Shepherd applied: its progress was lost.
+TRAINER_BEHIND = "TrainerBehind"
+#: The platform rejected the request itself (4xx): retrying cannot help.
+INVALID_REQUEST = "InvalidRequest"
+UNAUTHENTICATED = "Unauthenticated"
+PERMISSION_DENIED = "PermissionDenied"
+NOT_FOUND = "NotFound"
+FAILED_PRECONDITION = "FailedPrecondition"
+#: The output model id is taken by a model of another checkpoint.
+MODEL_EXISTS = "ModelExists"
+#: A trainer id Shepherd derived is taken by a job that is not this workflow's.
+TRAINER_ID_TAKEN = "TrainerIdTaken"
+#: The worker has no such backend profile, or its credentials are missing.
+BACKEND_MISCONFIGURED = "BackendMisconfigured"
+#: The evaluation did not report the metric the spec tracks.
+METRIC_MISSING = "MetricMissing"
+#: A user training loop could not be loaded.
+LOOP_ERROR = "LoopError"
+
+#: Errors no retry can fix, for every platform-calling activity.
+PERMANENT = [
+    TRAINER_LOST,
+    TRAINER_GONE,
+    ROUTE_RACE_EXHAUSTED,
+    TRAINER_BEHIND,
+    INVALID_REQUEST,
+    UNAUTHENTICATED,
+    PERMISSION_DENIED,
+    FAILED_PRECONDITION,
+    MODEL_EXISTS,
+    TRAINER_ID_TAKEN,
+    BACKEND_MISCONFIGURED,
+    METRIC_MISSING,
+    LOOP_ERROR,
+]
+
+
+@dataclass(frozen=True)
+class ActivityPolicy:
+    """How one activity runs: its timeouts and its retries."""
+
+    start_to_close: timedelta
+    retry: RetryPolicy
+    schedule_to_close: timedelta | None = None
+    heartbeat: timedelta | None = None
+
+    def options(self) -> dict[str, Any]:
+        """Keyword arguments for ``workflow.execute_activity`` / ``start_activity``."""
+        opts: dict[str, Any] = {"start_to_close_timeout": self.start_to_close, "retry_policy": self.retry}
+        if self.schedule_to_close is not None:
+            opts["schedule_to_close_timeout"] = self.schedule_to_close
+        if self.heartbeat is not None:
+            opts["heartbeat_timeout"] = self.heartbeat
+        return opts
+
+
+def _poll(interval: timedelta, deadline: timedelta) -> ActivityPolicy:
+    """Polling expressed as retries: one attempt per interval until the deadline."""
+    return ActivityPolicy(
+        # One attempt is one GET; the client's own timeout (30 s) is shorter.
+        start_to_close=timedelta(seconds=45),
+        schedule_to_close=deadline,
+        retry=RetryPolicy(
+            initial_interval=interval,
+            backoff_coefficient=1.0,
+            maximum_interval=interval,
+            maximum_attempts=0,
+            non_retryable_error_types=PERMANENT,
+        ),
+    )
+
+
+# Transient platform errors (5xx, timeouts, connection resets) get a few quick retries and
+# then slower ones: a blip passes in seconds, an outage in minutes.
+_TRANSIENT = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
+    maximum_attempts=10,
+    non_retryable_error_types=PERMANENT,
+)
+
+
+@dataclass(frozen=True)
+class Policies:
+    """Every activity policy of one job, from its ``spec.policies``."""
+
+    #: Resolving a shape is one GET; a missing shape is permanent.
+    resolve_shape: ActivityPolicy
+    #: Create is idempotent by client-chosen id, so retrying it is always safe.
+    create_trainer: ActivityPolicy
+    #: Waiting for a capacity slot may take days on a busy platform (pending_timeout, 48 h).
+    wait_placement: ActivityPolicy
+    #: From slot to RUNNING is minutes (ready_timeout, 15 min).
+    wait_running: ActivityPolicy
+    #: After a death the platform may sit in a transitional state for a while.
+    wait_resumable: ActivityPolicy
+    #: Consecutive get_info probes; a route 404 is retried with bounded backoff until the
+    #: warm-up timeout, anything else surfaces at once.
+    warm_up: ActivityPolicy
+    #: One chunk of optimizer steps; the heartbeat detects a dead worker within seconds.
+    train_chunk: ActivityPolicy
+    #: save_weights / evaluate / load_weights: one data-plane call each.
+    data_plane_call: ActivityPolicy
+    #: Resume is idempotent in effect (a lost response is reconciled by the activity).
+    resume_trainer: ActivityPolicy
+    #: Promotion can take minutes on the hosted platform; waiting for the model is polling.
+    promote: ActivityPolicy
+    wait_model: ActivityPolicy
+    #: Housekeeping; failure only keeps an extra checkpoint.
+    prune: ActivityPolicy
+    #: Cleanup retries until it succeeds: a leaked trainer burns GPUs for days.
+    delete_trainer: ActivityPolicy
+    #: Budgets enforced by the workflow.
+    max_preemptions: int
+    max_failures: int
+    fallback_to_on_demand_after: int | None
+    warmup_probes: int
+    route_race_retries: int
+    route_race_window: timedelta
+    step_timeout: timedelta
+
+    @classmethod
+    def for_spec(cls, p: PoliciesSpec, *, chunk_steps: int) -> Policies:
+        data_plane = ActivityPolicy(start_to_close=p.step_timeout + timedelta(minutes=1), retry=_TRANSIENT)
+        return cls(
+            resolve_shape=ActivityPolicy(start_to_close=timedelta(seconds=45), retry=_TRANSIENT),
+            create_trainer=ActivityPolicy(start_to_close=timedelta(seconds=45), retry=_TRANSIENT),
+            wait_placement=_poll(p.poll_interval, p.pending_timeout),
+            wait_running=_poll(p.poll_interval, p.ready_timeout),
+            # Deaths settle in seconds; poll at least every 2 s, give up at the ready timeout.
+            wait_resumable=_poll(min(p.poll_interval, timedelta(seconds=2)), p.ready_timeout),
+            warm_up=ActivityPolicy(
+                start_to_close=timedelta(seconds=45),
+                schedule_to_close=p.warmup_timeout,
+                retry=RetryPolicy(
+                    initial_interval=timedelta(seconds=1),
+                    backoff_coefficient=1.5,
+                    maximum_interval=timedelta(seconds=5),
+                    maximum_attempts=0,
+                    non_retryable_error_types=PERMANENT,
+                ),
+            ),
+            train_chunk=ActivityPolicy(
+                # A chunk may legitimately take chunk_steps step-timeouts; the heartbeat,
+                # not this, is what notices a dead worker.
+                start_to_close=p.step_timeout * chunk_steps + timedelta(minutes=5),
+                heartbeat=p.heartbeat_timeout,
+                retry=_TRANSIENT,
+            ),
+            data_plane_call=data_plane,
+            resume_trainer=ActivityPolicy(start_to_close=timedelta(seconds=45), retry=_TRANSIENT),
+            promote=ActivityPolicy(start_to_close=timedelta(minutes=2), retry=_TRANSIENT),
+            wait_model=_poll(timedelta(seconds=2), timedelta(hours=1)),
+            prune=ActivityPolicy(start_to_close=timedelta(minutes=2), retry=_TRANSIENT),
+            delete_trainer=ActivityPolicy(
+                start_to_close=timedelta(seconds=45),
+                retry=RetryPolicy(
+                    initial_interval=timedelta(seconds=1),
+                    backoff_coefficient=2.0,
+                    maximum_interval=timedelta(seconds=60),
+                    maximum_attempts=0,  # until it succeeds
+                    non_retryable_error_types=[BACKEND_MISCONFIGURED],
+                ),
+            ),
+            max_preemptions=p.max_preemptions,
+            max_failures=p.max_failures,
+            fallback_to_on_demand_after=p.fallback_to_on_demand_after,
+            warmup_probes=p.warmup_probes,
+            route_race_retries=p.route_race_retries,
+            route_race_window=p.route_race_window,
+            step_timeout=p.step_timeout,
+        )
+
+
+def route_race_delay(race: int, retries: int, window: timedelta) -> timedelta:
+    """Delay before retry number ``race`` (1-based): doubling, the sum of all ``retries``
+    delays filling ``window`` (4 retries in 30 s: 2, 4, 8, 16 s)."""
+    unit = window.total_seconds() / max(1, (2**retries) - 1)
+    return timedelta(seconds=max(1.0, unit * 2 ** (race - 1)))
