@@ -155,15 +155,16 @@ def create_app(plane: Plane) -> FastAPI:
     async def principal(request: Request) -> Principal:
         return plane.authenticate(request.headers.get("authorization"))
 
-    def account_access(a: str, who: Principal = Depends(principal)) -> str:
+    # Dependencies are async: a sync one would run in a thread and touch SQLite off the loop.
+    async def account_access(a: str, who: Principal = Depends(principal)) -> str:
         plane.check_account(who, a)
         return a
 
-    def admin_access(who: Principal = Depends(principal)) -> Principal:
+    async def admin_access(who: Principal = Depends(principal)) -> Principal:
         plane.check_admin(who)
         return who
 
-    def job_access(a: str, j: str, who: Principal = Depends(principal)) -> JobRecord:
+    async def job_access(a: str, j: str, who: Principal = Depends(principal)) -> JobRecord:
         plane.check_account(who, a)
         rec = plane.jobs.require(a, j)
         plane.storage.incr("controlPlaneRequests", rec.name)

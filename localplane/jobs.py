@@ -359,8 +359,7 @@ class JobService:
             self._on_exit(t, -1, f"trainer failed to start: {exc}")
             return
         self._count("trainersStarted", rec)
-        rec.pid = t.process.pid
-        self.storage.save_job(rec)
+        self.storage.set_pid(rec.account_id, rec.job_id, t.process.pid)
         if t.intent is not None:  # deleted/stopped while spawning
             t.process.kill()
         watchdog = self._spawn(self._start_watchdog(t))

@@ -31,7 +31,10 @@ class ReadyServer(uvicorn.Server):
 
 
 def bind(host: str, port: int) -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY on accepted connections only for
+    # sockets that say so, and without it every answer waits ~40 ms for a delayed ACK.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind((host, port))
     return sock

@@ -131,7 +131,8 @@ class JobRecord:
 class Storage:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        # Single-threaded by design: a use from another thread is a bug and should fail loudly.
+        self.db = sqlite3.connect(path, isolation_level=None)
         self.db.row_factory = sqlite3.Row
         self.db.execute("PRAGMA journal_mode=WAL")
         # NORMAL under WAL: durable across a process crash, which is what restart safety needs.
@@ -217,6 +218,10 @@ class Storage:
                 rec.job_id,
             ),
         )
+
+    def set_pid(self, account_id: str, job_id: str, pid: int | None) -> None:
+        """Only the pid: the rest of the row may have moved on since the caller read it."""
+        self.db.execute("UPDATE jobs SET pid = ? WHERE account_id = ? AND job_id = ?", (pid, account_id, job_id))
 
     def get_job(self, account_id: str, job_id: str) -> JobRecord | None:
         row = self.db.execute(

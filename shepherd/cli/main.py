@@ -1,4 +1,8 @@
-"""The ``shepherd`` command line."""
+"""The ``shepherd`` command line.
+
+The CLI is the one place in ``shepherd/`` that launches the other parts (the Temporal
+server, localplane, workers); it imports them lazily, only in the commands that run them.
+"""
 
 from __future__ import annotations
 
@@ -58,6 +62,96 @@ def plane(
         initial_config=initial,
     )
     serve(settings)
+
+
+STATE_DIR = Path(".shepherd")
+
+
+def _banner(lines: list[tuple[str, str]]) -> None:
+    from rich.console import Console
+
+    console = Console(stderr=False, soft_wrap=True)
+    width = max(len(k) for k, _ in lines)
+    for key, value in lines:
+        console.print(f"  [bold]{key.ljust(width)}[/bold]  {value}", highlight=False)
+    console.print("Press Ctrl-C to stop.", style="dim")
+
+
+@app.command()
+def server(
+    port: Annotated[int, typer.Option("--port", envvar="SHEPHERD_TEMPORAL_PORT", help="Temporal frontend (gRPC).")] = 7233,
+    ui_port: Annotated[int, typer.Option(envvar="SHEPHERD_UI_PORT", help="Temporal Web UI.")] = 8233,
+    state_dir: Annotated[Path, typer.Option(envvar="SHEPHERD_STATE_DIR", help="SQLite database and logs.")] = STATE_DIR,
+    headless: Annotated[bool, typer.Option(help="No Web UI.")] = False,
+) -> None:
+    """Run the Temporal dev server (SQLite under the state dir, Shepherd's search attributes)."""
+    from workers.devstack import TemporalServer, run_until_signalled
+
+    configure_logging()
+    temporal = TemporalServer(state_dir, port=port, ui_port=ui_port, headless=headless).start()
+    try:
+        lines = [("Temporal", temporal.address)]
+        if not headless:
+            lines.append(("Web UI", temporal.ui_url))
+        _banner(lines)
+        why = run_until_signalled(lambda: "Temporal" if temporal.proc and temporal.proc.poll() is not None else None)
+    finally:
+        temporal.stop()
+    if why != "signal":
+        raise typer.Exit(1)
+
+
+@app.command()
+def worker(
+    task_queue: Annotated[list[str] | None, typer.Option("--task-queue", "-q", help="Task queue(s) to poll (default $SHEPHERD_TASK_QUEUE or 'shepherd').")] = None,
+    ready_file: Annotated[Path | None, typer.Option(help="Write {pid, task_queues} here once polling.")] = None,
+) -> None:
+    """Run a worker: the lifecycle workflow and its activities. Connects to $TEMPORAL_ADDRESS;
+    backends come from $SHEPHERD_BACKENDS / $SHEPHERD_BACKEND_<NAME>_* (see workers/config.py)."""
+    from workers.main import main as run
+
+    run(task_queues=task_queue or None, ready_file=ready_file)
+
+
+@app.command()
+def dev(
+    temporal_port: Annotated[int, typer.Option(envvar="SHEPHERD_TEMPORAL_PORT")] = 7233,
+    ui_port: Annotated[int, typer.Option(envvar="SHEPHERD_UI_PORT")] = 8233,
+    plane_port: Annotated[int, typer.Option(envvar="SHEPHERD_PLANE_PORT")] = 8300,
+    state_dir: Annotated[Path, typer.Option(envvar="SHEPHERD_STATE_DIR")] = STATE_DIR,
+    task_queue: Annotated[str, typer.Option(envvar="SHEPHERD_TASK_QUEUE")] = "shepherd",
+    ready_file: Annotated[Path | None, typer.Option(help="Write the stack's addresses here once everything is up.")] = None,
+) -> None:
+    """Start the whole embedded stack in the foreground: the Temporal dev server with its Web UI,
+    localplane and a worker. Ctrl-C (or SIGTERM) stops all of them."""
+    from workers.devstack import DevStack, run_until_signalled, write_ready
+
+    configure_logging()
+    stack = DevStack(state_dir, temporal_port=temporal_port, ui_port=ui_port, plane_port=plane_port, task_queue=task_queue)
+    stack.start()
+    try:
+        info = stack.info()
+        assert stack.plane is not None
+        typer.echo("Shepherd dev stack is up")
+        _banner(
+            [
+                ("Temporal", f"{info['temporal']}  (export TEMPORAL_ADDRESS={info['temporal']})"),
+                ("Web UI", info["ui"]),
+                ("localplane", info["plane"]),
+                ("worker", f"task queue {task_queue!r} (pid {info['pids']['worker']})"),
+                ("dev API key", stack.plane.api_key),
+                ("logs", info["logs"]),
+            ]
+        )
+        write_ready(ready_file, info)
+        why = run_until_signalled(stack.dead)
+    finally:
+        typer.echo("stopping the worker, localplane and Temporal ...")
+        stack.stop()
+    if why != "signal":
+        typer.echo(f"{why} exited unexpectedly; see {state_dir / 'logs'}", err=True)
+        raise typer.Exit(1)
+    typer.echo("stopped.")
 
 
 if __name__ == "__main__":

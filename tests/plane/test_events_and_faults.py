@@ -69,7 +69,12 @@ async def read_events(
     count: int | None = None,
     **watch: Any,
 ) -> list[JobEvent]:
-    """Read a watch stream until ``stop`` (or ``count`` events), then disconnect."""
+    """Read a watch stream until ``stop`` (or ``count`` events), then disconnect.
+
+    Reads from the start of the (fresh) account's history unless told otherwise: a stream
+    without a position gets live events only, and a subscription races the actions it
+    watches."""
+    watch.setdefault("last_event_id", 0)
     events: list[JobEvent] = []
     async with asyncio.timeout(WAIT_S), aclosing(client.watch_jobs(**watch)) as stream:
         async for event in stream:
@@ -83,6 +88,7 @@ class Watcher:
     """A watch stream read in the background, so a test can act while it listens."""
 
     def __init__(self, client: PlatformClient, **watch: Any) -> None:
+        watch.setdefault("last_event_id", 0)  # see read_events
         self.events: list[JobEvent] = []
         self._queue: asyncio.Queue[JobEvent] = asyncio.Queue()
         self._task = asyncio.get_running_loop().create_task(self._read(client, watch))

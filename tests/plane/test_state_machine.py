@@ -137,3 +137,15 @@ async def test_preempt_resume_new_route_with_observable_race(account: Account, f
     assert (await trainer.get_info()).step == 0
     await trainer.forward_backward(ForwardBackwardRequest(step=1))
     await account.client.delete_job("spot")
+
+
+async def test_delete_while_the_trainer_is_spawning_ends_deleted(account: Account, admin: PlaneAdmin) -> None:
+    # Regression: the spawn path once wrote back a stale record over DELETING.
+    for i in range(3):
+        job = f"hasty-{i}"
+        await account.client.create_job(job, job_request())
+        await account.client.delete_job(job)
+        done = await wait_state(account.client, job, JobState.DELETED, JobState.FAILED)
+        assert done.state is JobState.DELETED, done.status.message
+        stats = await admin.job_stats(f"accounts/{account.id}/rlorTrainerJobs/{job}")
+        assert stats["liveTrainer"] is False and stats["deletes"] == 1

@@ -1,0 +1,871 @@
+"""Benchmark: how fast Shepherd notices, warms up and recovers, and what a job costs the
+control plane.
+
+On a real stack started here (Temporal dev server, localplane in a temp dir, an in-process
+worker per configuration, one fresh plane account), small jobs run one at a time:
+
+(a) **Readiness lag**: from the platform turning the trainer RUNNING to the first training
+    step accepted, with the event bridge running and with polling only (``poll_interval``
+    5 s, the default, and 1 s). ``bootDelaySeconds`` (``--boot-delay``) keeps the job in
+    CREATING so RUNNING happens while the workflow already waits for it.
+(b) **Warm-up cost**: the PREPARING phase (``JobStatus.timings``) with the gateway's route
+    lag 0, 0-0.3 s (the plane's default) and 1-3 s per replica.
+(c) **Preemption recovery**: a trainer is preempted mid-chunk; ``RecoveryRecord.duration_s``
+    minus the configured boot delay is Shepherd's part (target ≤ 2 s). The platform's own
+    restart time (from its events) and the time to notice the death are reported too.
+(d) **Steps redone per preemption**: ``RecoveryRecord.steps_redone`` (must be ≤ the checkpoint
+    interval), next to the steps the dead trainer had really applied past the checkpoint.
+(e) **Control-plane requests per job**: the plane's per-job ``controlPlaneRequests`` counter
+    for a plain job (20 steps, checkpoint every 10, promoted), with and without events.
+
+Every figure is given as p50 and max over ``--runs`` runs, with the raw values. A timestamp
+taken by the benchmark, the plane and the Temporal server all read the same machine clock.
+
+Prints one JSON document on stdout (progress goes to stderr) and writes a PNG plot to
+``--out`` when matplotlib is importable.
+
+Run: ``.venv/bin/python bench/recovery.py [--runs 5] [--boot-delay 2] [--sections abce]
+[--out bench/out/recovery.png]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import signal
+import sys
+import time
+import traceback
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+import httpx
+import numpy as np
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowHandle
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from localplane.admin import PlaneAdmin
+from localplane.process import PlaneProcess
+from shepherd import binaries
+from shepherd import search_attributes as sa
+from shepherd.logging import configure_logging
+from shepherd.models import JobInput, JobStatus
+from shepherd.phases import Phase
+from shepherd.platform import PlatformClient
+from shepherd.platform.models import JobEvent
+from shepherd.spec import JobSpec, validate_spec
+from shepherd.states import JobState
+from workers.config import BackendProfile, BackendRegistry
+from workers.events import EventBridge
+from workers.main import WORKFLOWS, activities_for
+from workflows.job import TrainingJobWorkflow
+
+PLANE_CONFIG: dict[str, Any] = {"capacity": 4}
+BASE_MODEL = "accounts/fireworks/models/qwen3-8b"
+KEY_ENV = "SHEPHERD_BENCH_PLANE_KEY"
+#: One job, start to finish, is bounded by this (a hang fails the section, not the machine).
+RUN_TIMEOUT_S = 180.0
+RECOVERY_TARGET_S = 2.0
+DEFAULT_OUT = Path(__file__).resolve().parent / "out" / "recovery.png"
+
+#: (b): per-replica route lag ranges, seconds.
+ROUTE_LAGS: dict[str, dict[str, float]] = {
+    "lag 0": {"min": 0.0, "max": 0.0},
+    "lag 0-0.3 s": {"min": 0.0, "max": 0.3},
+    "lag 1-3 s": {"min": 1.0, "max": 3.0},
+}
+#: (c): the preempted job: slow enough steps to preempt mid-chunk at a chosen point.
+PREEMPT_STEP_MS = 100.0
+PREEMPT_EVERY = 10
+PREEMPT_TOTAL = 40
+#: Preempt once the workflow has reached this step (a checkpoint) and trains the next chunk.
+PREEMPT_AFTER_STEP = 20
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def reserve_stdout() -> TextIO:
+    """The real stdout, kept for the JSON document; from now on anything else written to
+    file descriptor 1 (the Temporal dev server prints its banner there) goes to stderr."""
+    sys.stdout.flush()
+    report = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    return report
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "processor": platform.machine(),
+    }
+
+
+def r3(x: float) -> float:
+    return round(float(x), 3)
+
+
+def summary(values: list[float]) -> dict[str, Any]:
+    if not values:
+        return {"n": 0, "p50": None, "max": None, "min": None, "mean": None, "values": []}
+    a = np.asarray(values, dtype=float)
+    return {
+        "n": int(a.size),
+        "p50": r3(np.percentile(a, 50)),
+        "max": r3(a.max()),
+        "min": r3(a.min()),
+        "mean": r3(a.mean()),
+        "values": [r3(v) for v in values],
+    }
+
+
+def seconds_between(later: datetime, earlier: datetime) -> float:
+    return (later - earlier).total_seconds()
+
+
+# ------------------------------------------------------------------------- event log
+
+
+class EventLog:
+    """Every state change of the bench account, as the platform pushed it (SSE), so the
+    platform's own times (RUNNING, FAILED, ...) are known without asking per job."""
+
+    def __init__(self) -> None:
+        self.events: list[JobEvent] = []
+        self._changed = asyncio.Event()
+
+    async def follow(self, client: PlatformClient) -> None:
+        last = 0  # a fresh account: replaying from the start means no event is missed
+        while True:
+            try:
+                async for event in client.watch_jobs(last_event_id=last):
+                    last = event.id
+                    self.events.append(event)
+                    self._changed.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - reconnect; the replay fills the gap
+                log(f"event log: reconnecting after {type(exc).__name__}")
+                await asyncio.sleep(0.2)
+
+    def of(self, job_id: str) -> list[JobEvent]:
+        return [e for e in self.events if e.job_id == job_id]
+
+    async def wait(self, check: Callable[[JobEvent], bool]) -> JobEvent:
+        """The first event (seen or to come) for which ``check`` holds; callers bound it."""
+        seen = 0
+        while True:
+            for event in self.events[seen:]:
+                if check(event):
+                    return event
+            seen = len(self.events)
+            self._changed.clear()
+            await self._changed.wait()
+
+
+# ----------------------------------------------------------------------------- stack
+
+
+@dataclass
+class Stack:
+    client: Client
+    plane: PlaneProcess
+    admin: PlaneAdmin
+    account_id: str
+    api_key: str
+    platform: PlatformClient
+    events: EventLog
+
+    def job_name(self, job_id: str) -> str:
+        return f"accounts/{self.account_id}/rlorTrainerJobs/{job_id}"
+
+
+@dataclass
+class Runner:
+    """One worker (and, with events, its event bridge) on its own task queue."""
+
+    stack: Stack
+    task_queue: str
+    events: bool
+    handles: list[WorkflowHandle[Any, Any]] = field(default_factory=list)
+
+    async def start(self, spec: JobSpec) -> WorkflowHandle[Any, JobStatus]:
+        handle = await self.stack.client.start_workflow(
+            TrainingJobWorkflow.run,
+            JobInput(spec=spec),
+            id=f"bench-{spec.name}-{uuid.uuid4().hex[:8]}",
+            task_queue=self.task_queue,
+        )
+        self.handles.append(handle)
+        return handle
+
+    async def status(self, handle: WorkflowHandle[Any, Any]) -> JobStatus:
+        return await handle.query("status", result_type=JobStatus)
+
+    async def until(self, handle: WorkflowHandle[Any, Any], check: Callable[[JobStatus], bool]) -> JobStatus:
+        """Query until ``check(status)`` holds; callers bound it."""
+        while True:
+            status = await self.status(handle)
+            if check(status):
+                return status
+            if status.phase.is_terminal():
+                raise RuntimeError(f"{handle.id} ended {status.phase.value}: {status.error}")
+            await asyncio.sleep(0.05)
+
+
+@contextlib.asynccontextmanager
+async def shepherd_stack() -> AsyncIterator[Stack]:
+    """Start everything; stop everything this started, also on errors and cancellation."""
+    async with contextlib.AsyncExitStack() as stack:
+        log("starting the Temporal dev server")
+        env = await WorkflowEnvironment.start_local(
+            dev_server_existing_path=binaries.temporal(),
+            data_converter=pydantic_data_converter,
+            search_attributes=list(sa.ALL),
+            dev_server_log_level="error",
+            ui=False,
+        )
+        await stack.enter_async_context(env)
+        log(f"starting localplane with {json.dumps(PLANE_CONFIG)}")
+        plane = PlaneProcess(config=PLANE_CONFIG)
+        stack.callback(plane.cleanup)  # registered first: a failed start is cleaned up too
+        await asyncio.to_thread(plane.start)
+        admin = await stack.enter_async_context(PlaneAdmin(plane.url, plane.admin_key))
+        account_id, api_key = await admin.create_account()
+        client = await stack.enter_async_context(
+            PlatformClient(plane.url, api_key, account_id=account_id)
+        )
+        events = EventLog()
+        follower = asyncio.create_task(events.follow(client))
+
+        async def stop_follower() -> None:
+            follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await follower
+
+        stack.push_async_callback(stop_follower)
+        yield Stack(env.client, plane, admin, account_id, api_key, client, events)
+
+
+@contextlib.asynccontextmanager
+async def shepherd_worker(st: Stack, *, events: bool) -> AsyncIterator[Runner]:
+    """A worker like production's (one per configuration); ``events`` runs the bridge."""
+    task_queue = f"bench-recovery-{uuid.uuid4().hex[:8]}"
+    profile = BackendProfile(name="local", url=st.plane.url, api_key_env=KEY_ENV, events=events)
+    registry = BackendRegistry({"local": profile}, env={KEY_ENV: st.api_key})
+    runner = Runner(st, task_queue, events)
+    try:
+        async with Worker(
+            st.client, task_queue=task_queue, workflows=WORKFLOWS, activities=activities_for(registry)
+        ):
+            # Without events the profile says so and the bridge has nothing to follow.
+            bridge = asyncio.create_task(EventBridge(st.client, registry).run())
+            try:
+                yield runner
+            finally:
+                for handle in runner.handles:  # an interrupted section leaves no workflow behind
+                    with contextlib.suppress(Exception):
+                        desc = await handle.describe()
+                        if desc.status is not None and desc.status.name == "RUNNING":
+                            await handle.terminate("benchmark stopped")
+                bridge.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await bridge
+    finally:
+        await registry.aclose()
+
+
+@contextlib.asynccontextmanager
+async def plane_faults(st: Stack, patch: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    """The plane's config with ``patch`` for a section, then back to what it was."""
+    before = await st.admin.faults()
+    effective = await st.admin.set_faults(patch)
+    try:
+        yield effective
+    finally:
+        before.pop("outage", None)
+        await st.admin.set_faults(before)
+
+
+def job_spec(
+    name: str,
+    *,
+    steps: int,
+    every: int,
+    step_ms: float = 0.0,
+    poll: str = "5s",
+    model_id: str | None = None,
+) -> JobSpec:
+    return validate_spec(
+        {
+            "name": name,
+            "trainer": {
+                "base_model": BASE_MODEL,
+                "learning_rate": 3e-3,
+                "extra_args": [f"--compute-delay-ms={step_ms:g}"] if step_ms else [],
+            },
+            "training": {"total_steps": steps},
+            "checkpoint": {"every_steps": every},
+            "output": {"promote": "last", "model_id": model_id} if model_id else {"promote": "none"},
+            "policies": {"poll_interval": poll},
+        }
+    )
+
+
+_OUTCOMES = {
+    EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED: ("completed", "activity_task_completed_event_attributes"),
+    EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED: ("failed", "activity_task_failed_event_attributes"),
+    EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT: ("timed_out", "activity_task_timed_out_event_attributes"),
+    EventType.EVENT_TYPE_ACTIVITY_TASK_CANCEL_REQUESTED: (
+        "cancel_requested",
+        "activity_task_cancel_requested_event_attributes",
+    ),
+    EventType.EVENT_TYPE_ACTIVITY_TASK_CANCELED: ("canceled", "activity_task_canceled_event_attributes"),
+}
+
+
+async def activities_of(handle: WorkflowHandle[Any, Any]) -> tuple[int, list[dict[str, Any]]]:
+    """The history's length and each activity scheduled: name, attempts, outcome."""
+    count = 0
+    acts: dict[int, dict[str, Any]] = {}
+    async for e in handle.fetch_history_events():
+        count += 1
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            name = e.activity_task_scheduled_event_attributes.activity_type.name
+            acts[e.event_id] = {"name": name, "attempts": 0, "outcome": None}
+        elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+            started = e.activity_task_started_event_attributes
+            act = acts.get(started.scheduled_event_id)
+            if act is not None:
+                act["attempts"] = max(act["attempts"], started.attempt)
+        elif e.event_type in _OUTCOMES:
+            label, attr = _OUTCOMES[e.event_type]
+            act = acts.get(getattr(e, attr).scheduled_event_id)
+            if act is not None and act["outcome"] != "completed":
+                act["outcome"] = label
+    return count, list(acts.values())
+
+
+async def first_step_after(url: str, api_key: str, probe_s: float) -> tuple[datetime, int, bool]:
+    """Probe the trainer's own ``healthz`` directly (no gateway, no control plane, no lock)
+    until it reports step >= 1. Returns the send time of the first probe that did, the
+    number of probes, and whether the very first probe already did (then the figure is an
+    upper bound)."""
+    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {api_key}"}, timeout=5) as http:
+        probes = 0
+        while True:
+            sent = datetime.now(UTC)
+            step = (await http.get(f"{url}/api/v1/healthz")).json()["step"]
+            probes += 1
+            if step >= 1:
+                return sent, probes, probes == 1
+            await asyncio.sleep(probe_s)
+
+
+async def track_steps(url: str, api_key: str, probe_s: float, seen: list[int]) -> None:
+    """Record the trainer's step until it stops answering (the last value is the step its
+    death lost, within one probe)."""
+    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {api_key}"}, timeout=2) as http:
+        while True:
+            try:
+                seen.append(int((await http.get(f"{url}/api/v1/healthz")).json()["step"]))
+            except httpx.HTTPError:
+                return
+            await asyncio.sleep(probe_s)
+
+
+async def trainer_url(st: Stack, job_id: str) -> str:
+    internals = await st.admin.job(job_id, account=st.account_id)
+    if not internals.get("trainer") or not internals["trainer"].get("url"):
+        raise RuntimeError(f"{job_id}: no live trainer ({internals.get('job', {}).get('state')})")
+    return str(internals["trainer"]["url"])
+
+
+def trainer_id_of(st: Stack, name: str) -> Callable[[JobEvent], bool]:
+    prefix = f"{name[:40]}-"
+    return lambda e: e.job_id.startswith(prefix)
+
+
+# --------------------------------------------------------------------- (a) readiness
+
+
+async def readiness_run(st: Stack, runner: Runner, name: str, poll: str, args: argparse.Namespace) -> dict[str, Any]:
+    mine = trainer_id_of(st, name)
+    handle = await runner.start(job_spec(name, steps=5, every=5, poll=poll))
+    async with asyncio.timeout(RUN_TIMEOUT_S):
+        running = await st.events.wait(lambda e: mine(e) and e.state is JobState.RUNNING)
+        url = await trainer_url(st, running.job_id)
+        first_step_at, probes, upper_bound = await first_step_after(url, st.api_key, args.probe_ms / 1000)
+        status: JobStatus = await handle.result()
+    _, acts = await activities_of(handle)
+    t = status.timings
+    assert status.started_at is not None
+    waiting_from = status.started_at.timestamp() + t.get("PENDING", 0) + t.get("QUEUED", 0)
+    noticed = waiting_from + t.get("SCHEDULING", 0)
+    running_at = running.event_time.timestamp()
+    waits = [a for a in acts if a["name"] == "wait_for_running"]
+    # The poll activity completing means polling saw RUNNING; cancelled means an event did.
+    by = "poll" if any(a["outcome"] == "completed" for a in waits) else "event" if waits else "create"
+    return {
+        "trainer_job_id": running.job_id,
+        "running_at": running.event_time.isoformat(),
+        "readiness_lag_s": r3(first_step_at.timestamp() - running_at),
+        "notice_lag_s": r3(noticed - running_at),
+        "preparing_s": r3(t.get("PREPARING", 0)),
+        "running_after_wait_started": running_at > waiting_from,
+        "noticed_by": by,
+        "wait_for_running_attempts": max((a["attempts"] for a in waits), default=0),
+        "probes": probes,
+        "first_probe_already_past_step_0": upper_bound,
+    }
+
+
+async def section_readiness(st: Stack, args: argparse.Namespace) -> dict[str, Any]:
+    configs = [("events (bridge, poll 5s)", True, "5s"), ("polling 5s", False, "5s"), ("polling 1s", False, "1s")]
+    out: dict[str, Any] = {}
+    async with plane_faults(st, {"bootDelaySeconds": args.boot_delay}) as faults:
+        for label, events, poll in configs:
+            runs = []
+            async with shepherd_worker(st, events=events) as runner:
+                for i in range(args.runs):
+                    name = f"ready-{'ev' if events else 'poll'}-{poll}-{i}"
+                    runs.append(await readiness_run(st, runner, name, poll, args))
+                    log(
+                        f"(a) {label} run {i + 1}: lag {runs[-1]['readiness_lag_s']:.3f} s "
+                        f"(noticed after {runs[-1]['notice_lag_s']:.3f} s by {runs[-1]['noticed_by']})"
+                    )
+            out[label] = {
+                "event_bridge": events,
+                "poll_interval": poll,
+                "readiness_lag_s": summary([r["readiness_lag_s"] for r in runs]),
+                "notice_lag_s": summary([r["notice_lag_s"] for r in runs]),
+                "preparing_s": summary([r["preparing_s"] for r in runs]),
+                "noticed_by": {k: sum(r["noticed_by"] == k for r in runs) for k in ("event", "poll", "create")},
+                "runs": runs,
+            }
+        plane = {k: faults[k] for k in ("bootDelaySeconds", "routeLagSeconds", "gatewayReplicas")}
+    return {
+        "plane": plane,
+        "job": "5 steps, checkpoint every 5 (evaluated), promote none, no compute delay",
+        "method": (
+            "RUNNING time = eventTime of the job's RUNNING event on the platform's SSE stream "
+            "(= the job's updateTime at that transition). First step accepted = send time of the "
+            f"first of the benchmark's direct healthz probes to the trainer process (every "
+            f"{args.probe_ms:g} ms, started on the RUNNING event; healthz takes no lock and is not "
+            "counted as activity) that reports step >= 1, i.e. optim_step(1) applied; resolution "
+            "one probe interval plus a local round trip. readiness_lag = first step - RUNNING. "
+            "Decomposition from the final JobStatus: notice_lag = (started_at + PENDING + QUEUED "
+            "+ SCHEDULING timings) - RUNNING, i.e. when the workflow left SCHEDULING; preparing = "
+            "PREPARING timing (route warm-up). noticed_by: 'poll' when the wait_for_running "
+            "activity completed, 'event' when it was cancelled because a platform_event signal "
+            "came first (from the workflow history)."
+        ),
+        "configs": out,
+    }
+
+
+# ----------------------------------------------------------------------- (b) warm-up
+
+
+async def section_warmup(st: Stack, args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    async with shepherd_worker(st, events=True) as runner:
+        for label, lag in ROUTE_LAGS.items():
+            runs = []
+            async with plane_faults(st, {"routeLagSeconds": lag, "bootDelaySeconds": 0}):
+                for i in range(args.runs):
+                    name = f"warm-{lag['min']:g}-{lag['max']:g}-{i}".replace(".", "p")
+                    handle = await runner.start(job_spec(name, steps=5, every=5))
+                    async with asyncio.timeout(RUN_TIMEOUT_S):
+                        status: JobStatus = await handle.result()
+                    _, acts = await activities_of(handle)
+                    warm = [a for a in acts if a["name"] == "warm_up"]
+                    stats = await st.admin.job_stats(st.job_name(status.trainer_job_id or ""))
+                    runs.append(
+                        {
+                            "trainer_job_id": status.trainer_job_id,
+                            "preparing_s": r3(status.timings.get("PREPARING", 0)),
+                            "warm_up_attempts": max((a["attempts"] for a in warm), default=0),
+                            "route404s": stats.get("route404s", 0),
+                        }
+                    )
+                    log(f"(b) {label} run {i + 1}: PREPARING {runs[-1]['preparing_s']:.3f} s")
+            out[label] = {
+                "routeLagSeconds": lag,
+                "preparing_s": summary([r["preparing_s"] for r in runs]),
+                "warm_up_attempts": summary([r["warm_up_attempts"] for r in runs]),
+                "runs": runs,
+            }
+    return {
+        "job": "5 steps, checkpoint every 5, promote none; event bridge on; bootDelaySeconds 0",
+        "method": "PREPARING from the final JobStatus.timings (RUNNING noticed → warm route, no "
+        "checkpoint to load on a fresh job); warm_up attempts from the workflow history",
+        "configs": out,
+    }
+
+
+# ------------------------------------------------------------ (c)+(d) preemption recovery
+
+
+async def preemption_run(
+    st: Stack, runner: Runner, name: str, offset_s: float, args: argparse.Namespace
+) -> dict[str, Any]:
+    spec = job_spec(name, steps=PREEMPT_TOTAL, every=PREEMPT_EVERY, step_ms=PREEMPT_STEP_MS)
+    handle = await runner.start(spec)
+    async with asyncio.timeout(RUN_TIMEOUT_S):
+        mid = await runner.until(
+            handle, lambda s: s.step >= PREEMPT_AFTER_STEP and s.phase is Phase.TRAINING
+        )
+        job_id = mid.trainer_job_id or ""
+        steps_seen: list[int] = []
+        tracker = asyncio.create_task(
+            track_steps(await trainer_url(st, job_id), st.api_key, args.probe_ms / 1000, steps_seen)
+        )
+        await asyncio.sleep(offset_s)
+        preempted_at = datetime.now(UTC)
+        await st.admin.preempt(job_id, account=st.account_id)
+        await tracker
+        status: JobStatus = await handle.result()
+    if len(status.recoveries) != 1:
+        raise RuntimeError(f"{name}: expected one recovery, got {len(status.recoveries)}")
+    rec = status.recoveries[0]
+    events = st.events.of(job_id)
+    failed = next(e for e in events if e.event_time >= preempted_at and e.state is JobState.FAILED)
+    restarted = next(
+        e for e in events if e.id > failed.id and e.state in (JobState.PENDING, JobState.CREATING)
+    )
+    back = next(e for e in events if e.id > restarted.id and e.state is JobState.RUNNING)
+    _, acts = await activities_of(handle)
+    chunk_attempts = [a["attempts"] for a in acts if a["name"] == "train_chunk"]
+    duration = rec.duration_s or 0.0
+    platform_restart = seconds_between(back.event_time, restarted.event_time)
+    applied = max(steps_seen) if steps_seen else None
+    resumed = rec.resumed_from_step if rec.resumed_from_step is not None else 0
+    return {
+        "trainer_job_id": job_id,
+        "reason": rec.reason,
+        "preempt_offset_s": r3(offset_s),
+        "duration_s": r3(duration),
+        "beyond_boot_delay_s": r3(duration - args.boot_delay),
+        "platform_restart_s": r3(platform_restart),
+        "beyond_platform_restart_s": r3(duration - platform_restart),
+        "detect_s": r3(seconds_between(rec.started_at, failed.event_time)),
+        "death_to_recovered_s": r3(duration + seconds_between(rec.started_at, failed.event_time)),
+        "at_step": rec.at_step,
+        "resumed_from_step": rec.resumed_from_step,
+        "steps_redone": rec.steps_redone,
+        "trainer_step_at_death": applied,
+        "steps_really_redone": None if applied is None else applied - resumed,
+        "train_chunk_attempts": chunk_attempts,
+        "final_phase": status.phase.value,
+        "final_step": status.step,
+    }
+
+
+async def section_preemption(st: Stack, args: argparse.Namespace) -> dict[str, Any]:
+    chunk_s = PREEMPT_EVERY * PREEMPT_STEP_MS / 1000
+    runs = []
+    async with (
+        plane_faults(st, {"bootDelaySeconds": args.boot_delay}) as faults,
+        shepherd_worker(st, events=True) as runner,
+    ):
+        for i in range(args.runs):
+            # Spread the preemption over the chunk: early, middle and late in it.
+            offset = chunk_s * (0.1 + 0.7 * (i + 0.5) / args.runs)
+            runs.append(await preemption_run(st, runner, f"preempt-{i}", offset, args))
+            r = runs[-1]
+            log(
+                f"(c) run {i + 1}: duration {r['duration_s']:.3f} s (beyond boot delay "
+                f"{r['beyond_boot_delay_s']:.3f} s), detect {r['detect_s']:.3f} s, "
+                f"redone {r['steps_redone']} (really {r['steps_really_redone']})"
+            )
+        plane = {k: faults[k] for k in ("bootDelaySeconds", "routeLagSeconds", "deathSettleSeconds")}
+    beyond = [r["beyond_boot_delay_s"] for r in runs]
+    redone = [r["steps_redone"] for r in runs if r["steps_redone"] is not None]
+    really = [r["steps_really_redone"] for r in runs if r["steps_really_redone"] is not None]
+    return {
+        "plane": plane,
+        "job": (
+            f"{PREEMPT_TOTAL} steps x {PREEMPT_STEP_MS:g} ms, checkpoint every {PREEMPT_EVERY} "
+            f"(chunk {PREEMPT_EVERY}), promote none; event bridge on; preempted (admin :preempt, "
+            f"SIGKILL of the trainer) once the workflow trains the chunk after step "
+            f"{PREEMPT_AFTER_STEP}, at an offset spread over the chunk"
+        ),
+        "method": (
+            "duration_s = RecoveryRecord.duration_s (workflow time from the start of recovery to "
+            "a warm trainer with the checkpoint loaded); beyond_boot_delay = duration_s - "
+            "bootDelaySeconds; platform_restart = RUNNING eventTime - the resume's PENDING/"
+            "CREATING eventTime (process spawn + boot delay: the platform's whole share); "
+            "detect = RecoveryRecord.started_at - the FAILED eventTime (not inside duration_s). "
+            "steps_really_redone = the trainer's step at death (last value its healthz reported, "
+            f"probed directly every {args.probe_ms:g} ms) - resumed_from_step."
+        ),
+        "recovery": {
+            "duration_s": summary([r["duration_s"] for r in runs]),
+            "beyond_boot_delay_s": summary(beyond),
+            "platform_restart_s": summary([r["platform_restart_s"] for r in runs]),
+            "beyond_platform_restart_s": summary([r["beyond_platform_restart_s"] for r in runs]),
+            "detect_s": summary([r["detect_s"] for r in runs]),
+            "death_to_recovered_s": summary([r["death_to_recovered_s"] for r in runs]),
+            "target_s": RECOVERY_TARGET_S,
+            "target_met": bool(beyond) and max(beyond) <= RECOVERY_TARGET_S,
+            "target_note": "met when every run's beyond_boot_delay_s is <= the target",
+        },
+        "steps_redone": {
+            "record": summary(redone),
+            "really": summary(really),
+            "checkpoint_interval": PREEMPT_EVERY,
+            "target_met": bool(redone) and max(redone) <= PREEMPT_EVERY,
+            "really_within_interval": bool(really) and max(really) <= PREEMPT_EVERY,
+        },
+        "runs": runs,
+    }
+
+
+# ------------------------------------------------------------- (e) control-plane requests
+
+
+async def section_requests(st: Stack, args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    async with plane_faults(st, {"bootDelaySeconds": 0}):
+        for label, events in (("events", True), ("polling only", False)):
+            runs = []
+            async with shepherd_worker(st, events=events) as runner:
+                for i in range(args.runs):
+                    name = f"plain-{'ev' if events else 'poll'}-{i}"
+                    before = (await st.admin.stats())["controlPlaneRequests"]
+                    start = time.perf_counter()
+                    handle = await runner.start(job_spec(name, steps=20, every=10, model_id=f"{name}-{uuid.uuid4().hex[:6]}"))
+                    async with asyncio.timeout(RUN_TIMEOUT_S):
+                        status: JobStatus = await handle.result()
+                    wall = time.perf_counter() - start
+                    stats = await st.admin.stats()
+                    job = stats["jobs"].get(st.job_name(status.trainer_job_id or ""), {})
+                    count, acts = await activities_of(handle)
+                    runs.append(
+                        {
+                            "trainer_job_id": status.trainer_job_id,
+                            "per_job_requests": job.get("controlPlaneRequests", 0),
+                            # The admin stats reads are not /v1 requests: not counted.
+                            "all_requests_during_job": stats["controlPlaneRequests"] - before,
+                            "wall_s": r3(wall),
+                            "history_events": count,
+                            "poll_attempts": sum(
+                                a["attempts"] for a in acts if a["name"].startswith("wait_for_")
+                            ),
+                        }
+                    )
+                    log(f"(e) {label} run {i + 1}: {runs[-1]['per_job_requests']} per-job requests")
+            out[label] = {
+                "event_bridge": events,
+                "per_job_requests": summary([r["per_job_requests"] for r in runs]),
+                "all_requests_during_job": summary([r["all_requests_during_job"] for r in runs]),
+                "wall_s": summary([r["wall_s"] for r in runs]),
+                "runs": runs,
+            }
+    return {
+        "job": "20 steps, checkpoint every 10 (evaluated, keep_last 3), promote last; "
+        "policies default (poll_interval 5s); bootDelaySeconds 0",
+        "method": (
+            "per_job_requests = the plane's per-job controlPlaneRequests counter (requests on "
+            "/v1/.../rlorTrainerJobs/{job}...: get, delete, resume, its checkpoints; not the "
+            "create, which is an account-level request, nor the data plane). "
+            "all_requests_during_job = the plane's total /v1 counter over the job's life, which "
+            "adds create, promote, model/operation reads and the SSE stream connections."
+        ),
+        "configs": out,
+    }
+
+
+# ------------------------------------------------------------------------------ plot
+
+
+def plot(out: Path, report: dict[str, Any]) -> dict[str, Any]:
+    """One panel per figure: values per configuration as points over a box."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        note = "matplotlib is not installed: no plot written"
+        log(note)
+        return {"written": False, "path": None, "note": note}
+
+    panels: list[tuple[str, str, dict[str, list[float]], float | None]] = []
+    s = report["sections"]
+    if "configs" in s.get("a_readiness", {}):
+        data = {k: v["readiness_lag_s"]["values"] for k, v in s["a_readiness"]["configs"].items()}
+        panels.append(("(a) RUNNING → first step accepted", "seconds", data, None))
+    if "configs" in s.get("b_warmup", {}):
+        data = {k: v["preparing_s"]["values"] for k, v in s["b_warmup"]["configs"].items()}
+        panels.append(("(b) PREPARING (route warm-up)", "seconds", data, None))
+    if "recovery" in s.get("c_preemption", {}):
+        rec = s["c_preemption"]["recovery"]
+        data = {
+            "beyond boot delay": rec["beyond_boot_delay_s"]["values"],
+            "beyond platform restart": rec["beyond_platform_restart_s"]["values"],
+            "detect": rec["detect_s"]["values"],
+        }
+        panels.append(("(c) preemption recovery", "seconds", data, rec["target_s"]))
+    if "configs" in s.get("e_requests", {}):
+        data = {k: v["per_job_requests"]["values"] for k, v in s["e_requests"]["configs"].items()}
+        panels.append(("(e) control-plane requests per job", "requests", data, None))
+    if not panels:
+        return {"written": False, "path": None, "note": "no section produced figures"}
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.4), squeeze=False)
+    for ax, (title, unit, data, target) in zip(axes[0], panels, strict=True):
+        labels = list(data)
+        ax.boxplot([data[k] or [np.nan] for k in labels], widths=0.5)
+        for i, k in enumerate(labels, start=1):
+            ax.scatter([i] * len(data[k]), data[k], s=14, alpha=0.7, zorder=3)
+        if target is not None:
+            ax.axhline(target, color="red", linestyle="--", linewidth=1, label=f"target {target:g} s")
+            ax.legend(fontsize=8)
+        ax.set_xticks(range(1, len(labels) + 1), [k.replace(" (", "\n(") for k in labels], fontsize=8)
+        ax.set(title=title, ylabel=unit)
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    log(f"plot written to {out}")
+    return {"written": True, "path": str(out), "note": None}
+
+
+# ------------------------------------------------------------------------------- run
+
+SECTIONS: dict[str, tuple[str, Callable[[Stack, argparse.Namespace], Awaitable[dict[str, Any]]]]] = {
+    "a": ("a_readiness", section_readiness),
+    "b": ("b_warmup", section_warmup),
+    "c": ("c_preemption", section_preemption),
+    "e": ("e_requests", section_requests),
+}
+
+
+async def bench(args: argparse.Namespace) -> dict[str, Any]:
+    sections: dict[str, Any] = {}
+    async with shepherd_stack() as st:
+        async with shepherd_worker(st, events=True) as runner:
+            # Not measured: pays the first workflow's sandbox imports and the plane's first trainer.
+            log("warm-up job (not measured)")
+            handle = await runner.start(job_spec("warmup", steps=2, every=2))
+            async with asyncio.timeout(RUN_TIMEOUT_S):
+                await handle.result()
+        baseline = await st.admin.faults()
+        for key in args.sections:
+            title, run = SECTIONS[key]
+            log(f"--- section {title}")
+            try:
+                sections[title] = await run(st, args)
+            except Exception as exc:  # noqa: BLE001 - report it, run the other sections
+                log(traceback.format_exc())
+                sections[title] = {"error": f"{type(exc).__name__}: {exc}"}
+    if "c_preemption" in sections and "steps_redone" in sections["c_preemption"]:
+        c = sections["c_preemption"]
+        sections["d_steps_redone"] = {"see": "c_preemption.steps_redone", **c["steps_redone"]}
+    targets = {}
+    if "recovery" in sections.get("c_preemption", {}):
+        rec = sections["c_preemption"]["recovery"]
+        targets["c_recovery_beyond_boot_delay_le_2s"] = {
+            "p50": rec["beyond_boot_delay_s"]["p50"],
+            "max": rec["beyond_boot_delay_s"]["max"],
+            "met": rec["target_met"],
+        }
+        redone = sections["c_preemption"]["steps_redone"]
+        targets["d_steps_redone_le_interval"] = {
+            "p50": redone["record"]["p50"],
+            "max": redone["record"]["max"],
+            "interval": redone["checkpoint_interval"],
+            "met": redone["target_met"],
+            "really_redone_max": redone["really"]["max"],
+            "really_within_interval": redone["really_within_interval"],
+        }
+    return {
+        "benchmark": "recovery",
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": machine(),
+        "settings": {
+            "runs": args.runs,
+            "boot_delay_s": args.boot_delay,
+            "probe_ms": args.probe_ms,
+            "sections": args.sections,
+            "worker": "in-process Worker (SDK defaults), one per configuration; EventBridge where events are on",
+        },
+        "plane": {"requested_config": PLANE_CONFIG, "baseline_config": baseline},
+        "targets": targets,
+        "sections": sections,
+    }
+
+
+def positive(kind: type[int] | type[float]) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+
+    return parse
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=positive(int), default=5, help="runs per configuration")
+    parser.add_argument(
+        "--boot-delay", type=float, default=2.0, help="bootDelaySeconds for (a) and (c)"
+    )
+    parser.add_argument(
+        "--probe-ms", type=positive(float), default=10.0, help="direct trainer probe interval (ms)"
+    )
+    parser.add_argument(
+        "--sections", default="abce", help="which of a, b, c(+d), e to run (default: all)"
+    )
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="PNG plot path")
+    args = parser.parse_args(argv)
+    unknown = set(args.sections) - set(SECTIONS)
+    if unknown or not args.sections:
+        parser.error(f"--sections: letters among {''.join(SECTIONS)} (d comes with c)")
+    if args.boot_delay < 0:
+        parser.error("--boot-delay must be >= 0")
+    args.sections = "".join(dict.fromkeys(args.sections))
+    return args
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    # SIGTERM unwinds like Ctrl-C, so the stack is stopped either way.
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    return await bench(args)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    out = reserve_stdout()
+    # Worker, activity and SDK logs go to stderr (stdout is the JSON document), warnings only.
+    configure_logging(json=False, level="WARNING")
+    report = asyncio.run(main_async(args))
+    report["plot"] = plot(args.out, report)
+    print(json.dumps(report, indent=2, default=str), file=out, flush=True)
+    if any("error" in v for v in report["sections"].values()):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
