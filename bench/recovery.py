@@ -217,7 +217,9 @@ class Runner:
     async def status(self, handle: WorkflowHandle[Any, Any]) -> JobStatus:
         return await handle.query("status", result_type=JobStatus)
 
-    async def until(self, handle: WorkflowHandle[Any, Any], check: Callable[[JobStatus], bool]) -> JobStatus:
+    async def until(
+        self, handle: WorkflowHandle[Any, Any], check: Callable[[JobStatus], bool]
+    ) -> JobStatus:
         """Query until ``check(status)`` holds; callers bound it."""
         while True:
             status = await self.status(handle)
@@ -271,7 +273,10 @@ async def shepherd_worker(st: Stack, *, events: bool) -> AsyncIterator[Runner]:
     runner = Runner(st, task_queue, events)
     try:
         async with Worker(
-            st.client, task_queue=task_queue, workflows=WORKFLOWS, activities=activities_for(registry)
+            st.client,
+            task_queue=task_queue,
+            workflows=WORKFLOWS,
+            activities=activities_for(registry),
         ):
             # Without events the profile says so and the bridge has nothing to follow.
             bridge = asyncio.create_task(EventBridge(st.client, registry).run())
@@ -321,21 +326,32 @@ def job_spec(
             },
             "training": {"total_steps": steps},
             "checkpoint": {"every_steps": every},
-            "output": {"promote": "last", "model_id": model_id} if model_id else {"promote": "none"},
+            "output": {"promote": "last", "model_id": model_id}
+            if model_id
+            else {"promote": "none"},
             "policies": {"poll_interval": poll},
         }
     )
 
 
 _OUTCOMES = {
-    EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED: ("completed", "activity_task_completed_event_attributes"),
+    EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED: (
+        "completed",
+        "activity_task_completed_event_attributes",
+    ),
     EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED: ("failed", "activity_task_failed_event_attributes"),
-    EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT: ("timed_out", "activity_task_timed_out_event_attributes"),
+    EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT: (
+        "timed_out",
+        "activity_task_timed_out_event_attributes",
+    ),
     EventType.EVENT_TYPE_ACTIVITY_TASK_CANCEL_REQUESTED: (
         "cancel_requested",
         "activity_task_cancel_requested_event_attributes",
     ),
-    EventType.EVENT_TYPE_ACTIVITY_TASK_CANCELED: ("canceled", "activity_task_canceled_event_attributes"),
+    EventType.EVENT_TYPE_ACTIVITY_TASK_CANCELED: (
+        "canceled",
+        "activity_task_canceled_event_attributes",
+    ),
 }
 
 
@@ -359,6 +375,13 @@ async def activities_of(handle: WorkflowHandle[Any, Any]) -> tuple[int, list[dic
             if act is not None and act["outcome"] != "completed":
                 act["outcome"] = label
     return count, list(acts.values())
+
+
+def attempts_by_name(acts: list[dict[str, Any]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for act in acts:
+        out[act["name"]] = out.get(act["name"], 0) + act["attempts"]
+    return out
 
 
 async def first_step_after(url: str, api_key: str, probe_s: float) -> tuple[datetime, int, bool]:
@@ -404,13 +427,17 @@ def trainer_id_of(st: Stack, name: str) -> Callable[[JobEvent], bool]:
 # --------------------------------------------------------------------- (a) readiness
 
 
-async def readiness_run(st: Stack, runner: Runner, name: str, poll: str, args: argparse.Namespace) -> dict[str, Any]:
+async def readiness_run(
+    st: Stack, runner: Runner, name: str, poll: str, args: argparse.Namespace
+) -> dict[str, Any]:
     mine = trainer_id_of(st, name)
     handle = await runner.start(job_spec(name, steps=5, every=5, poll=poll))
     async with asyncio.timeout(RUN_TIMEOUT_S):
         running = await st.events.wait(lambda e: mine(e) and e.state is JobState.RUNNING)
         url = await trainer_url(st, running.job_id)
-        first_step_at, probes, upper_bound = await first_step_after(url, st.api_key, args.probe_ms / 1000)
+        first_step_at, probes, upper_bound = await first_step_after(
+            url, st.api_key, args.probe_ms / 1000
+        )
         status: JobStatus = await handle.result()
     _, acts = await activities_of(handle)
     t = status.timings
@@ -420,7 +447,12 @@ async def readiness_run(st: Stack, runner: Runner, name: str, poll: str, args: a
     running_at = running.event_time.timestamp()
     waits = [a for a in acts if a["name"] == "wait_for_running"]
     # The poll activity completing means polling saw RUNNING; cancelled means an event did.
-    by = "poll" if any(a["outcome"] == "completed" for a in waits) else "event" if waits else "create"
+    if not waits:
+        by = "create"  # already RUNNING when created: nothing to wait for
+    elif any(a["outcome"] == "completed" for a in waits):
+        by = "poll"
+    else:
+        by = "event"
     return {
         "trainer_job_id": running.job_id,
         "running_at": running.event_time.isoformat(),
@@ -436,7 +468,11 @@ async def readiness_run(st: Stack, runner: Runner, name: str, poll: str, args: a
 
 
 async def section_readiness(st: Stack, args: argparse.Namespace) -> dict[str, Any]:
-    configs = [("events (bridge, poll 5s)", True, "5s"), ("polling 5s", False, "5s"), ("polling 1s", False, "1s")]
+    configs = [
+        ("events (bridge, poll 5s)", True, "5s"),
+        ("polling 5s", False, "5s"),
+        ("polling 1s", False, "1s"),
+    ]
     out: dict[str, Any] = {}
     async with plane_faults(st, {"bootDelaySeconds": args.boot_delay}) as faults:
         for label, events, poll in configs:
@@ -455,7 +491,9 @@ async def section_readiness(st: Stack, args: argparse.Namespace) -> dict[str, An
                 "readiness_lag_s": summary([r["readiness_lag_s"] for r in runs]),
                 "notice_lag_s": summary([r["notice_lag_s"] for r in runs]),
                 "preparing_s": summary([r["preparing_s"] for r in runs]),
-                "noticed_by": {k: sum(r["noticed_by"] == k for r in runs) for k in ("event", "poll", "create")},
+                "noticed_by": {
+                    k: sum(r["noticed_by"] == k for r in runs) for k in ("event", "poll", "create")
+                },
                 "runs": runs,
             }
         plane = {k: faults[k] for k in ("bootDelaySeconds", "routeLagSeconds", "gatewayReplicas")}
@@ -552,6 +590,7 @@ async def preemption_run(
     back = next(e for e in events if e.id > restarted.id and e.state is JobState.RUNNING)
     _, acts = await activities_of(handle)
     chunk_attempts = [a["attempts"] for a in acts if a["name"] == "train_chunk"]
+    warm_attempts = [a["attempts"] for a in acts if a["name"] == "warm_up"]
     duration = rec.duration_s or 0.0
     platform_restart = seconds_between(back.event_time, restarted.event_time)
     applied = max(steps_seen) if steps_seen else None
@@ -571,7 +610,9 @@ async def preemption_run(
         "steps_redone": rec.steps_redone,
         "trainer_step_at_death": applied,
         "steps_really_redone": None if applied is None else applied - resumed,
+        # Per activity, in order: the chunk that met the death, the warm-up after the resume.
         "train_chunk_attempts": chunk_attempts,
+        "warm_up_attempts": warm_attempts,
         "final_phase": status.phase.value,
         "final_step": status.step,
     }
@@ -594,7 +635,9 @@ async def section_preemption(st: Stack, args: argparse.Namespace) -> dict[str, A
                 f"{r['beyond_boot_delay_s']:.3f} s), detect {r['detect_s']:.3f} s, "
                 f"redone {r['steps_redone']} (really {r['steps_really_redone']})"
             )
-        plane = {k: faults[k] for k in ("bootDelaySeconds", "routeLagSeconds", "deathSettleSeconds")}
+        plane = {
+            k: faults[k] for k in ("bootDelaySeconds", "routeLagSeconds", "deathSettleSeconds")
+        }
     beyond = [r["beyond_boot_delay_s"] for r in runs]
     redone = [r["steps_redone"] for r in runs if r["steps_redone"] is not None]
     really = [r["steps_really_redone"] for r in runs if r["steps_really_redone"] is not None]
@@ -650,7 +693,11 @@ async def section_requests(st: Stack, args: argparse.Namespace) -> dict[str, Any
                     name = f"plain-{'ev' if events else 'poll'}-{i}"
                     before = (await st.admin.stats())["controlPlaneRequests"]
                     start = time.perf_counter()
-                    handle = await runner.start(job_spec(name, steps=20, every=10, model_id=f"{name}-{uuid.uuid4().hex[:6]}"))
+                    handle = await runner.start(
+                        job_spec(
+                            name, steps=20, every=10, model_id=f"{name}-{uuid.uuid4().hex[:6]}"
+                        )
+                    )
                     async with asyncio.timeout(RUN_TIMEOUT_S):
                         status: JobStatus = await handle.result()
                     wall = time.perf_counter() - start
@@ -665,9 +712,9 @@ async def section_requests(st: Stack, args: argparse.Namespace) -> dict[str, Any
                             "all_requests_during_job": stats["controlPlaneRequests"] - before,
                             "wall_s": r3(wall),
                             "history_events": count,
-                            "poll_attempts": sum(
-                                a["attempts"] for a in acts if a["name"].startswith("wait_for_")
-                            ),
+                            # Attempts the history records per activity type (one cancelled
+                            # while waiting for its next retry records none).
+                            "activity_attempts": attempts_by_name(acts),
                         }
                     )
                     log(f"(e) {label} run {i + 1}: {runs[-1]['per_job_requests']} per-job requests")
@@ -736,9 +783,13 @@ def plot(out: Path, report: dict[str, Any]) -> dict[str, Any]:
         for i, k in enumerate(labels, start=1):
             ax.scatter([i] * len(data[k]), data[k], s=14, alpha=0.7, zorder=3)
         if target is not None:
-            ax.axhline(target, color="red", linestyle="--", linewidth=1, label=f"target {target:g} s")
+            ax.axhline(
+                target, color="red", linestyle="--", linewidth=1, label=f"target {target:g} s"
+            )
             ax.legend(fontsize=8)
-        ax.set_xticks(range(1, len(labels) + 1), [k.replace(" (", "\n(") for k in labels], fontsize=8)
+        ax.set_xticks(
+            range(1, len(labels) + 1), [k.replace(" (", "\n(") for k in labels], fontsize=8
+        )
         ax.set(title=title, ylabel=unit)
         ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
@@ -751,7 +802,9 @@ def plot(out: Path, report: dict[str, Any]) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------- run
 
-SECTIONS: dict[str, tuple[str, Callable[[Stack, argparse.Namespace], Awaitable[dict[str, Any]]]]] = {
+SECTIONS: dict[
+    str, tuple[str, Callable[[Stack, argparse.Namespace], Awaitable[dict[str, Any]]]]
+] = {
     "a": ("a_readiness", section_readiness),
     "b": ("b_warmup", section_warmup),
     "c": ("c_preemption", section_preemption),
@@ -859,7 +912,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     out = reserve_stdout()
     # Worker, activity and SDK logs go to stderr (stdout is the JSON document), warnings only.
-    configure_logging(json=False, level="WARNING")
+    configure_logging(json=True, level="WARNING")
     report = asyncio.run(main_async(args))
     report["plot"] = plot(args.out, report)
     print(json.dumps(report, indent=2, default=str), file=out, flush=True)

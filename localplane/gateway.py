@@ -93,14 +93,21 @@ class Gateway:
         if upstream is None:
             return self._not_found(account, job, replica)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
-        try:
-            answer = await self._http.request(
-                request.method,
-                f"{upstream}/{path}",
-                params=request.query_params,
-                content=await request.body(),
-                headers=headers,
+        body = await request.body()
+
+        async def send() -> httpx.Response:
+            return await self._http.request(
+                request.method, f"{upstream}/{path}", params=request.query_params, content=body, headers=headers
             )
+
+        try:
+            try:
+                answer = await send()
+            except (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError):
+                # Often a pooled keep-alive connection to a trainer that has since died. Every
+                # data-plane call is idempotent, so one retry on a fresh connection tells a
+                # stale connection (it succeeds) from a dead trainer (it is refused).
+                answer = await send()
         except httpx.ConnectError:
             # The trainer is gone (killed, crashed) before the plane noticed: no route.
             return self._not_found(account, job, replica)

@@ -346,13 +346,13 @@ class TrainingJobWorkflow:
             poll, self._ref(), **self._options(policy), summary=f"wait for {what}"
         )
         waiter = asyncio.ensure_future(workflow.wait_condition(event_says))
-        await workflow.wait([handle, waiter], return_when=asyncio.FIRST_COMPLETED)
+        await self._race(handle, waiter)
         if handle.done():
             waiter.cancel()
             try:
                 job = handle.result()
             except ActivityError as err:
-                raise self._map_error(err, timeout_type, what) from None
+                raise self._mapped(err, timeout_type, what)
             self._observe(job)
             return job
         handle.cancel()
@@ -414,7 +414,7 @@ class TrainingJobWorkflow:
             summary=f"train steps {first}-{last}",
         )
         pause = asyncio.ensure_future(workflow.wait_condition(lambda: self._pause_requested))
-        await workflow.wait([handle, pause], return_when=asyncio.FIRST_COMPLETED)
+        await self._race(handle, pause)
         if not handle.done():
             handle.cancel()
         else:
@@ -424,7 +424,7 @@ class TrainingJobWorkflow:
         except ActivityError as err:
             if self._pause_requested and is_cancelled_exception(err):
                 raise _PauseNow() from None
-            raise self._map_error(err, "ChunkTimeout", "training") from None
+            raise self._mapped(err, "ChunkTimeout", "training")
 
     async def _checkpoint(self, name: str, *, evaluate: bool | None = None) -> CheckpointRecord:
         self._set_phase(Phase.CHECKPOINTING)
@@ -646,6 +646,17 @@ class TrainingJobWorkflow:
 
     # =========================================================== helpers
 
+    @staticmethod
+    async def _race(activity: asyncio.Task[Any], waiter: asyncio.Task[Any]) -> None:
+        """Wait for whichever finishes first. A workflow cancel arriving meanwhile cancels
+        both, so no activity keeps working for a job that is being cleaned up."""
+        try:
+            await workflow.wait([activity, waiter], return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            activity.cancel()
+            waiter.cancel()
+            raise
+
     def _options(self, policy: ActivityPolicy) -> dict[str, Any]:
         return {**policy.options(), "task_queue": self._queue, "priority": self._priority}
 
@@ -661,11 +672,14 @@ class TrainingJobWorkflow:
         try:
             return await workflow.execute_activity_method(fn, arg, **self._options(policy), summary=summary)
         except ActivityError as err:
-            raise self._map_error(err, timeout_type, summary) from None
+            raise self._mapped(err, timeout_type, summary)
 
-    def _map_error(self, err: ActivityError, timeout_type: str, what: str) -> BaseException:
+    def _mapped(self, err: ActivityError, timeout_type: str, what: str) -> BaseException:
         """An activity failure as the workflow's next move: a lost trainer (recovery), a
-        terminal error, or the original failure."""
+        terminal error, or — kept intact, cause and all, so a cancellation stays
+        recognisable — the original failure."""
+        if is_cancelled_exception(err):
+            return err
         root = _root(err)
         kind = getattr(root, "type", None)
         if kind in (policies.TRAINER_LOST, policies.TRAINER_GONE):

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import re
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,6 +32,21 @@ from workers.main import WORKFLOWS, activities_for
 from workflows.job import TrainingJobWorkflow
 
 KEY_ENV = "SHEPHERD_TEST_PLANE_KEY"
+HISTORIES = Path(__file__).parent.parent / "histories"
+
+
+async def _record(st: Stack, test_name: str) -> None:
+    """Keep the histories of this test's closed workflows for the replay test
+    (``SHEPHERD_RECORD_HISTORIES=1 make test PYTEST_ARGS=...``)."""
+    from temporalio.client import WorkflowExecutionStatus
+
+    slug = re.sub(r"[^a-z0-9]+", "-", test_name.lower()).strip("-")
+    for i, handle in enumerate(st.handles):
+        description = await handle.describe()
+        if description.status == WorkflowExecutionStatus.RUNNING:
+            continue
+        history = await handle.fetch_history()
+        (HISTORIES / f"{slug}-{i}.json").write_text(history.to_json())
 
 
 @pytest.fixture(scope="session")
@@ -136,6 +154,8 @@ async def stack(
         try:
             yield st
         finally:
+            if os.environ.get("SHEPHERD_RECORD_HISTORIES"):
+                await _record(st, request.node.name)
             # Never leave a workflow running into the next test.
             for handle in st.handles:
                 with contextlib.suppress(Exception):

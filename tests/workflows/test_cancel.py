@@ -137,15 +137,6 @@ async def test_cancel_while_scheduling(stack: Stack, faults: PlaneAdmin) -> None
     assert jobs[status.trainer_job_id or ""]["deletes"] == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "workflow bug: TrainingJobWorkflow._act re-raises the activity's ActivityError with "
-        "`raise self._map_error(err, ...) from None`; `from None` clears __cause__, which is what "
-        "ActivityError.cause returns, so run() no longer sees the CancelledError and the job ends "
-        "FAILED (ActivityError: Activity cancelled) instead of CANCELLED"
-    ),
-)
 async def test_cancel_while_preparing(stack: Stack, faults: PlaneAdmin) -> None:
     live_before = await live_trainers(stack)
     # RUNNING, but no gateway replica knows the route yet: the warm-up keeps seeing 404s.

@@ -1,0 +1,97 @@
+"""Pause and resume: from Python (updates with validators) and from the ``temporal`` CLI /
+Web UI (signals). A paused job holds no trainer and resumes to the same weights."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+
+import pytest
+from temporalio.client import WorkflowUpdateFailedError
+
+from shepherd import binaries
+from shepherd.models import JobStatus, PauseRequest, PauseResult, ResumeRequest
+from shepherd.phases import Phase
+from shepherd.states import JobState
+from tests.helpers import wait_state
+from tests.workflows.conftest import Stack
+from tests.workflows.test_recovery import SLOW, model_digest
+
+
+async def test_pause_holds_no_trainer_and_resumes_to_the_same_weights(stack: Stack) -> None:
+    reference = await stack.start(stack.spec("ref", trainer=SLOW, training={"total_steps": 40}))
+    handle = await stack.start(stack.spec("pausing", trainer=SLOW, training={"total_steps": 40}))
+    await stack.until(handle, lambda s: s.step >= 10 and s.phase is Phase.TRAINING)
+
+    paused = await handle.execute_update("request_pause", PauseRequest(reason="test"), result_type=PauseResult)
+    assert paused.checkpoint is not None and paused.checkpoint.rsplit("/", 1)[-1] == "pause-1"
+    status = await stack.status(handle)
+    assert status.phase is Phase.PAUSED and status.paused_checkpoint == paused.checkpoint
+    first_trainer = status.trainer_job_id or ""
+    # The delete is asynchronous on the platform: DELETING, then DELETED once stopped.
+    await wait_state(stack.account.client, first_trainer, JobState.DELETED)
+    stats = (await stack.admin.stats())["jobs"][stack.job_name(first_trainer)]
+    assert stats["liveTrainer"] is False  # no GPU held while paused
+    assert (await stack.status(handle)).phase is Phase.PAUSED
+    assert paused.step == status.step
+
+    # Validators: a second pause is refused without touching the history.
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await handle.execute_update("request_pause", PauseRequest(), result_type=PauseResult)
+    assert "already paused" in str(refused.value.cause)
+
+    resumed = await handle.execute_update("request_resume", ResumeRequest(), result_type=JobStatus)
+    assert resumed.phase is not Phase.PAUSED
+    result = await handle.result()
+    await reference.result()
+    assert result.phase is Phase.COMPLETED and result.step == 40
+    assert result.generation == 1 and result.trainer_job_id != first_trainer
+    assert await model_digest(stack, "pausing-model") == await model_digest(stack, "ref-model")
+    # Each generation was created once and is gone.
+    all_stats = await stack.admin.stats()
+    for trainer in (first_trainer, result.trainer_job_id or ""):
+        job = all_stats["jobs"][stack.job_name(trainer)]
+        assert job["creates"] == 1 and job["liveTrainer"] is False
+
+
+async def test_resume_is_refused_when_not_paused(stack: Stack) -> None:
+    handle = await stack.start(stack.spec("busy", trainer=SLOW, training={"total_steps": 40}))
+    await stack.until(handle, lambda s: s.phase is Phase.TRAINING)
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await handle.execute_update("request_resume", ResumeRequest(), result_type=JobStatus)
+    assert "not paused" in str(refused.value.cause)
+    await handle.cancel()
+
+
+async def test_pause_and_resume_by_signal_from_the_temporal_cli(stack: Stack) -> None:
+    handle = await stack.start(stack.spec("signalled", trainer=SLOW, training={"total_steps": 30}))
+    await stack.until(handle, lambda s: s.phase is Phase.TRAINING)
+    address = stack.client.service_client.config.target_host
+
+    def temporal_signal(name: str) -> None:
+        subprocess.run(
+            [binaries.temporal(), "workflow", "signal", "--address", address, "--workflow-id", handle.id, "--name", name],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
+
+    await asyncio.to_thread(temporal_signal, "pause")
+    paused = await stack.until(handle, lambda s: s.phase is Phase.PAUSED)
+    assert paused.paused_checkpoint is not None
+    await asyncio.to_thread(temporal_signal, "resume")
+    result = await handle.result()
+    assert result.phase is Phase.COMPLETED and result.generation == 1
+
+
+async def test_resume_from_a_named_earlier_checkpoint(stack: Stack) -> None:
+    spec = stack.spec("rewind", trainer=SLOW, training={"total_steps": 40}, checkpoint={"keep_last": 5})
+    handle = await stack.start(spec)
+    at_20 = await stack.until(handle, lambda s: s.step >= 20 and s.phase is Phase.TRAINING)
+    first = next(c for c in at_20.checkpoints if c.step == 10)
+    await handle.execute_update("request_pause", PauseRequest(), result_type=PauseResult)
+    await handle.execute_update("request_resume", ResumeRequest(checkpoint=first.name), result_type=JobStatus)
+    result = await handle.result()
+    assert result.phase is Phase.COMPLETED and result.step == 40
+    steps = [c.step for c in result.checkpoints]
+    assert steps == sorted(steps) and steps[-1] == 40

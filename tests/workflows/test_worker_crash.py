@@ -1,0 +1,71 @@
+"""A worker killed with SIGKILL mid-training: another worker finishes the job with exactly
+one trainer created and the same final weights."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from shepherd.jobs import start_job
+from shepherd.phases import Phase
+from tests.workflows.conftest import Stack
+from tests.workflows.test_recovery import SLOW, model_digest
+from workers.devstack import wait_until
+
+
+@contextmanager
+def worker_process(stack: Stack, task_queue: str, tmp: Path, name: str) -> Iterator[subprocess.Popen[bytes]]:
+    ready = tmp / f"{name}.ready"
+    env = {
+        **os.environ,
+        "TEMPORAL_ADDRESS": stack.client.service_client.config.target_host,
+        "SHEPHERD_TASK_QUEUE": task_queue,
+        "SHEPHERD_BACKEND_LOCAL_URL": stack.plane.url,
+        "SHEPHERD_PLANE_API_KEY": stack.account.api_key,
+        "SHEPHERD_LOG_FORMAT": "json",
+    }
+    with open(tmp / f"{name}.log", "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "shepherd.cli.main", "worker", "--ready-file", str(ready)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_until(ready.exists, f"worker {name}", proc=proc)
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(15)
+
+
+async def test_sigkilled_worker_is_replaced_without_a_second_trainer(stack: Stack, tmp_path: Path) -> None:
+    queue = f"crash-{uuid.uuid4().hex[:8]}"
+    spec = stack.spec("crash", trainer=SLOW, training={"total_steps": 50}, policies={"heartbeat_timeout": "3s"})
+    reference = await stack.start(stack.spec("ref", trainer=SLOW, training={"total_steps": 50}))
+
+    with worker_process(stack, queue, tmp_path, "first") as first:
+        handle = await start_job(stack.client, spec, task_queue=queue)
+        stack.handles.append(handle)
+        before = await stack.until(handle, lambda s: s.step >= 10 and s.phase is Phase.TRAINING)
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+
+    with worker_process(stack, queue, tmp_path, "second"):
+        result = await handle.result()
+
+    await reference.result()
+    assert result.phase is Phase.COMPLETED and result.step == 50
+    assert result.trainer_job_id == before.trainer_job_id and result.generation == 0
+    assert result.preemptions == 0 and not result.recoveries
+    job = (await stack.admin.stats())["jobs"][stack.job_name(result.trainer_job_id or "")]
+    assert job["creates"] == 1 and job.get("createConflicts", 0) == 0 and job["trainersStarted"] == 1
+    assert job["liveTrainer"] is False
+    assert await model_digest(stack, "crash-model") == await model_digest(stack, "ref-model")
