@@ -35,7 +35,7 @@ lint: $(STAMP)
 	$(BIN)/mypy shepherd workflows activities
 
 demo: $(STAMP)
-	$(BIN)/python -m shepherd.demo
+	$(BIN)/shepherd demo
 
 dev: $(STAMP)
 	$(BIN)/shepherd dev

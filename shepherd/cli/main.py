@@ -154,5 +154,19 @@ def dev(
     typer.echo("stopped.")
 
 
+@app.command()
+def demo(
+    state_dir: Annotated[Path | None, typer.Option(help="Keep the stack's state here (default: a temporary dir).")] = None,
+    keep: Annotated[bool, typer.Option(help="Leave the stack up afterwards (for the Web UI) until Ctrl-C.")] = False,
+    spec: Annotated[Path | None, typer.Option(help="Another spec than examples/quickstart.yaml.")] = None,
+) -> None:
+    """Run the quickstart job end to end on the embedded stack, with a preemption and a route
+    race injected midway; exit 0 only on success."""
+    from workers.demo import QUICKSTART, main as run_demo
+
+    configure_logging(level="WARNING")
+    raise typer.Exit(run_demo(state_dir=state_dir, keep=keep, spec_path=spec or QUICKSTART))
+
+
 if __name__ == "__main__":
     app()
