@@ -111,6 +111,8 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "processor": platform.machine(),
+        # Other processes compete for the same CPUs: a high load average taints the timings.
+        "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
     }
 
 
@@ -614,7 +616,11 @@ def main(argv: list[str] | None = None) -> None:
 
     # Worker, activity and SDK logs go to stderr (stdout is the JSON document), warnings only.
     configure_logging(json=True, level="WARNING")
-    report = asyncio.run(main_async(args))
+    try:
+        report = asyncio.run(main_async(args))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        log("interrupted: everything this run started has been stopped; no report")
+        sys.exit(130)
     chosen = min(report["rounds"], key=lambda x: abs(x["ratio"] - report["ratio"]))
     report["plot"] = plot(args.out, chosen)
     print(json.dumps(report, indent=2, default=str), file=out, flush=True)

@@ -113,6 +113,8 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "processor": platform.machine(),
+        # Other processes compete for the same CPUs: a high load average taints the timings.
+        "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
     }
 
 
@@ -610,7 +612,12 @@ async def preemption_run(
         "steps_redone": rec.steps_redone,
         "trainer_step_at_death": applied,
         "steps_really_redone": None if applied is None else applied - resumed,
-        # Per activity, in order: the chunk that met the death, the warm-up after the resume.
+        # A chunk attempt 2 means the death first surfaced as a transient error (a 502 from
+        # the gateway for the request the trainer died in), retried by the activity policy.
+        "death_seen_as": "transient error, then retry"
+        if max(chunk_attempts) > 1
+        else "lost at once",
+        # Per activity, in order (the warm-ups: the first start, then after the resume).
         "train_chunk_attempts": chunk_attempts,
         "warm_up_attempts": warm_attempts,
         "final_phase": status.phase.value,
@@ -665,6 +672,10 @@ async def section_preemption(st: Stack, args: argparse.Namespace) -> dict[str, A
             "beyond_platform_restart_s": summary([r["beyond_platform_restart_s"] for r in runs]),
             "detect_s": summary([r["detect_s"] for r in runs]),
             "death_to_recovered_s": summary([r["death_to_recovered_s"] for r in runs]),
+            "death_seen_as": {
+                k: sum(r["death_seen_as"] == k for r in runs)
+                for k in ("lost at once", "transient error, then retry")
+            },
             "target_s": RECOVERY_TARGET_S,
             "target_met": bool(beyond) and max(beyond) <= RECOVERY_TARGET_S,
             "target_note": "met when every run's beyond_boot_delay_s is <= the target",
@@ -829,7 +840,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                 sections[title] = await run(st, args)
             except Exception as exc:  # noqa: BLE001 - report it, run the other sections
                 log(traceback.format_exc())
-                sections[title] = {"error": f"{type(exc).__name__}: {exc}"}
+                sections[title] = {"error": f"{type(exc).__name__}: {exc or '(no message)'}"}
     if "c_preemption" in sections and "steps_redone" in sections["c_preemption"]:
         c = sections["c_preemption"]
         sections["d_steps_redone"] = {"see": "c_preemption.steps_redone", **c["steps_redone"]}
@@ -913,7 +924,11 @@ def main(argv: list[str] | None = None) -> None:
     out = reserve_stdout()
     # Worker, activity and SDK logs go to stderr (stdout is the JSON document), warnings only.
     configure_logging(json=True, level="WARNING")
-    report = asyncio.run(main_async(args))
+    try:
+        report = asyncio.run(main_async(args))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        log("interrupted: everything this run started has been stopped; no report")
+        sys.exit(130)
     report["plot"] = plot(args.out, report)
     print(json.dumps(report, indent=2, default=str), file=out, flush=True)
     if any("error" in v for v in report["sections"].values()):

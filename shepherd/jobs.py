@@ -5,6 +5,7 @@ a readable workflow id, its search attributes and a static summary."""
 from __future__ import annotations
 
 import secrets
+from datetime import UTC, datetime
 from typing import Any
 
 from temporalio.client import Client, WorkflowHandle
@@ -13,7 +14,7 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from shepherd import search_attributes as sa
 from shepherd.models import JobInput, JobStatus
 from shepherd.phases import Phase
-from shepherd.spec import JobSpec, validate_spec
+from shepherd.spec import JobSpec, has_templates, resolve_templates, validate_spec
 
 WORKFLOW_TYPE = "TrainingJob"
 
@@ -43,8 +44,11 @@ async def start_job(
     extra_search_attributes: list[SearchAttributePair[Any]] | None = None,
 ) -> WorkflowHandle[Any, JobStatus]:
     """Validate ``spec`` (raising :class:`shepherd.spec.SpecError` before anything exists)
-    and start its lifecycle workflow."""
+    and start its lifecycle workflow. Schedule templates in a directly submitted spec are
+    filled with the submission time."""
     spec = validate_spec(spec)
+    if has_templates(spec):
+        spec = resolve_templates(spec, datetime.now(UTC))
     pairs: list[SearchAttributePair[Any]] = [
         SearchAttributePair(sa.PHASE, Phase.PENDING.value),
         SearchAttributePair(sa.JOB_NAME, spec.name),

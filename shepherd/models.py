@@ -280,11 +280,23 @@ class JobStatus(Model):
         return "\n".join(lines)
 
 
+class TrialProgress(Model):
+    """A trial's evaluated checkpoint, signalled to its sweep (for early stopping)."""
+
+    workflow_id: str
+    step: int
+    metric: float
+
+
 class JobInput(Model):
     """The lifecycle workflow's one argument."""
 
     spec: JobSpec
     parent_workflow_id: str | None = None
+    #: The spec holds ``{scheduled_time:...}`` templates to fill with the run's scheduled time.
+    templated: bool = False
+    #: A parent (a sweep) that wants each evaluated checkpoint as a ``trial_progress`` signal.
+    report_progress_to: str | None = None
     #: State carried across continue-as-new (None on a fresh start).
     carried: JobStatus | None = None
     #: Internal flags carried across continue-as-new.

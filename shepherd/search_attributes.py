@@ -19,6 +19,9 @@ PARENT = SearchAttributeKey.for_keyword("ShepherdParent")
 
 ALL: tuple[SearchAttributeKey, ...] = (PHASE, LABELS, TRAINER_JOB_ID, STEP, MODEL, JOB_NAME, SWEEP, SCHEDULE, PARENT)
 
+#: Set by Temporal on runs started by a schedule (built in; not registered by us).
+SCHEDULED_START = SearchAttributeKey.for_datetime("TemporalScheduledStartTime")
+
 _CLI_TYPES = {"KEYWORD": "Keyword", "KEYWORD_LIST": "KeywordList", "INT": "Int"}
 
 

@@ -73,11 +73,20 @@ class SpecModel(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=False)
 
 
+TEMPLATE_MARK = "{scheduled_time"
+
+
+def is_template(value: Any) -> bool:
+    """A string filled per run by a schedule (``nightly-{scheduled_time:%Y%m%d}``)."""
+    return isinstance(value, str) and TEMPLATE_MARK in value
+
+
 def _rule(check: Any) -> Any:
-    """A field validator from a platform rule check (returns None or the broken rule)."""
+    """A field validator from a platform rule check (returns None or the broken rule).
+    Templates are checked once resolved (see :func:`resolve_templates`)."""
 
     def validate(value: Any) -> Any:
-        if value is not None and (problem := check(value)):
+        if value is not None and not is_template(value) and (problem := check(value)):
             raise PydanticCustomError("platform_rule", problem)
         return value
 
@@ -165,7 +174,7 @@ class TrainingSpec(SpecModel):
     @field_validator("resume_from")
     @classmethod
     def _resume(cls, value: str | None) -> str | None:
-        if value is not None and not rules.CHECKPOINT_NAME_RE.match(value):
+        if value is not None and not is_template(value) and not rules.CHECKPOINT_NAME_RE.match(value):
             raise PydanticCustomError(
                 "checkpoint", "must be a checkpoint name: accounts/<a>/rlorTrainerJobs/<j>/checkpoints/<c>"
             )
@@ -427,17 +436,31 @@ def apply_override(data: dict[str, Any], item: str) -> None:
     node[parts[-1]] = value
 
 
-def resolve_templates(spec: JobSpec, scheduled_time: datetime) -> JobSpec:
-    """Fill ``{scheduled_time:%Y%m%d}``-style placeholders in string fields (schedules)."""
-    data = spec.model_dump(mode="json")
+def has_templates(spec: JobSpec) -> bool:
+    return TEMPLATE_MARK in spec.model_dump_json()
 
-    def fill(value: Any) -> Any:
-        if isinstance(value, str) and "{scheduled_time" in value:
-            return value.format(scheduled_time=scheduled_time)
+
+def resolve_templates(spec: JobSpec, scheduled_time: datetime) -> JobSpec:
+    """Fill ``{scheduled_time:%Y%m%d}``-style placeholders in string fields (schedules),
+    then validate the result fully. A placeholder that cannot be filled is a SpecError
+    naming its field."""
+    data = spec.model_dump(mode="json")
+    problems: list[SpecProblem] = []
+
+    def fill(value: Any, path: str) -> Any:
+        if is_template(value):
+            try:
+                return value.format(scheduled_time=scheduled_time)
+            except (KeyError, IndexError, ValueError) as exc:
+                problems.append(SpecProblem(field=path, rule=f"bad template {value!r}: only {{scheduled_time:<strftime>}} is known ({exc})"))
+                return value
         if isinstance(value, dict):
-            return {k: fill(v) for k, v in value.items()}
+            return {k: fill(v, f"{path}.{k}" if path else k) for k, v in value.items()}
         if isinstance(value, list):
-            return [fill(v) for v in value]
+            return [fill(v, f"{path}[{i}]") for i, v in enumerate(value)]
         return value
 
-    return validate_spec(fill(data))
+    filled = fill(data, "")
+    if problems:
+        raise SpecError(problems)
+    return validate_spec(filled)

@@ -24,16 +24,18 @@ from activities.promotion import PromotionActivities
 from activities.provisioning import ProvisioningActivities
 from activities.readiness import ReadinessActivities
 from activities.recovery import RecoveryActivities
+from activities.sweeps import SweepActivities
 from activities.training import TrainingActivities
 from shepherd.logging import configure_logging
 from shepherd.temporal import TemporalSettings, connect
 from workers.config import BackendProfile, BackendRegistry, profiles_from_env
 from workers.events import EventBridge
 from workflows.job import TrainingJobWorkflow
+from workflows.sweep import SweepWorkflow
 
 log = structlog.stdlib.get_logger("shepherd.worker")
 
-WORKFLOWS: list[type] = [TrainingJobWorkflow]
+WORKFLOWS: list[type] = [TrainingJobWorkflow, SweepWorkflow]
 
 
 def activities_for(registry: BackendRegistry) -> list[Callable[..., Any]]:
@@ -45,6 +47,7 @@ def activities_for(registry: BackendRegistry) -> list[Callable[..., Any]]:
         CheckpointActivities(registry),
         RecoveryActivities(registry),
         PromotionActivities(registry),
+        SweepActivities(),
     ]
     found = []
     for group in groups:

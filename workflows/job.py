@@ -21,7 +21,13 @@ from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.common import Priority
-from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, is_cancelled_exception
+from temporalio.exceptions import (
+    ActivityError,
+    ApplicationError,
+    FailureError,
+    TimeoutError,
+    is_cancelled_exception,
+)
 
 with workflow.unsafe.imports_passed_through():
     from activities.checkpoints import CheckpointActivities
@@ -53,10 +59,12 @@ with workflow.unsafe.imports_passed_through():
         SaveCheckpointInput,
         TrainChunkInput,
         TrainerRef,
+        TrialProgress,
         WarmUpInput,
     )
     from shepherd.phases import Phase
     from shepherd.platform import rules
+    from shepherd.spec import JobSpec, SpecError, resolve_templates
     from shepherd.states import JobState
     from workflows import policies
     from workflows.policies import ActivityPolicy, Policies
@@ -139,6 +147,8 @@ class TrainingJobWorkflow:
         )
         flags = inp.carried_flags
         self._carried = inp.carried is not None
+        self._templated = inp.templated
+        self._report_to = inp.report_progress_to
         self._trainer_live: bool = flags.get("trainer_live", False)
         self._serving: bool = flags.get("serving", False)
         self._shape_version: str | None = flags.get("shape_version")
@@ -227,6 +237,8 @@ class TrainingJobWorkflow:
 
     async def _lifecycle(self) -> None:
         if not self._carried:
+            if self._templated:
+                self._fill_templates()
             if self.spec.trainer.training_shape and self._shape_version is None:
                 shape = await self._act(
                     ProvisioningActivities.resolve_shape,
@@ -255,6 +267,18 @@ class TrainingJobWorkflow:
                 continue
         await self._final_evaluation()
         await self._promote()
+
+    def _fill_templates(self) -> None:
+        """A scheduled run: fill the spec's templates with this run's scheduled time."""
+        info = workflow.info()
+        when = info.typed_search_attributes.get(sa.SCHEDULED_START) or info.start_time
+        try:
+            self.spec = resolve_templates(self.spec, when)
+        except SpecError as exc:
+            raise _Terminal(Phase.FAILED, "InvalidSpec", str(exc)) from None
+        self._templated = False
+        self.s.labels = self.spec.labels
+        workflow.upsert_search_attributes([sa.LABELS.value_set(self.spec.label_keywords())])
 
     # ====================================================== provisioning
 
@@ -445,11 +469,23 @@ class TrainingJobWorkflow:
             )
             if better:
                 self.s.best = record
+            if self._report_to:
+                await self._report(record)
         self.s.checkpoints = [c for c in self.s.checkpoints if c.name != record.name] + [record]
         self.s.checkpoints.sort(key=lambda c: (c.step, c.saved_at or workflow.now()))
         await self._prune()
         self._publish()
         return record
+
+    async def _report(self, record: CheckpointRecord) -> None:
+        """Best effort: a sweep that is gone must not fail its trial."""
+        assert self._report_to and record.metric is not None
+        try:
+            await workflow.get_external_workflow_handle(self._report_to).signal(
+                "trial_progress", TrialProgress(workflow_id=self.s.workflow_id, step=record.step, metric=record.metric)
+            )
+        except FailureError as exc:
+            workflow.logger.warning("progress report to %s failed: %s", self._report_to, exc)
 
     async def _evaluate(self) -> float:
         result = await self._act(
@@ -736,6 +772,7 @@ class TrainingJobWorkflow:
                 spec=self.spec,
                 parent_workflow_id=self.s.parent_workflow_id,
                 carried=self.s,
+                report_progress_to=self._report_to,
                 carried_flags={
                     "trainer_live": self._trainer_live,
                     "serving": self._serving,
@@ -756,6 +793,11 @@ class TrainingJobWorkflow:
     @workflow.query(name="status")
     def query_status(self) -> JobStatus:
         return self.s
+
+    @workflow.query(name="spec")
+    def query_spec(self) -> JobSpec:
+        """The spec this job runs (after schedule templates were resolved)."""
+        return self.spec
 
     @workflow.signal(name="platform_event")
     def platform_event(self, event: PlatformEvent) -> None:

@@ -1,0 +1,400 @@
+"""The Python API: submit, find, watch and steer training jobs.
+
+    from shepherd import Shepherd
+
+    sh = await Shepherd.connect()                     # TEMPORAL_ADDRESS / TEMPORAL_NAMESPACE
+    job = await sh.submit("examples/quickstart.yaml", overrides=["training.total_steps=100"])
+    async for status in job.watch():
+        print(status.phase, status.step, status.last_loss)
+    final = await job.wait()
+
+Every method returns typed models (:class:`~shepherd.models.JobStatus` ...). A spec is
+validated before anything is started: an invalid one raises :class:`~shepherd.spec.SpecError`
+listing every problem with its field.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator, Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+from temporalio.client import (
+    Client,
+    WorkflowExecution,
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+    WorkflowHandle,
+)
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
+from temporalio.service import RPCError
+
+from shepherd import search_attributes as sa
+from shepherd.jobs import start_job
+from shepherd.models import CheckpointRecord, JobStatus, PauseRequest, PauseResult, ResumeRequest
+from shepherd.phases import Phase
+from shepherd.platform import rules
+from shepherd.schedules import Schedules
+from shepherd.sweep import SweepInput, SweepSpec, SweepStatus, load_sweep, validate_sweep
+from shepherd.spec import JobSpec, SpecError, SpecProblem, apply_override, load_spec_data, validate_spec
+from shepherd.temporal import TemporalSettings, connect
+
+
+class JobFailed(Exception):
+    """The job ended FAILED, PREEMPTED or CANCELLED; ``status`` says how and why."""
+
+    def __init__(self, status: JobStatus) -> None:
+        error = f": {status.error.type}: {status.error.message}" if status.error else ""
+        super().__init__(f"job {status.workflow_id} ended {status.phase.value}{error}")
+        self.status = status
+
+
+class JobSummary(BaseModel):
+    """One line of a job list (from Temporal visibility, no worker needed)."""
+
+    workflow_id: str
+    run_id: str | None = None
+    name: str | None = None
+    phase: str | None = None
+    execution_status: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    trainer_job_id: str | None = None
+    step: int | None = None
+    model: str | None = None
+    start_time: datetime | None = None
+    close_time: datetime | None = None
+
+    @classmethod
+    def from_execution(cls, ex: WorkflowExecution) -> JobSummary:
+        attrs = ex.typed_search_attributes
+        labels = dict(kv.split("=", 1) for kv in (attrs.get(sa.LABELS) or []) if "=" in kv)
+        return cls(
+            workflow_id=ex.id,
+            run_id=ex.run_id,
+            name=attrs.get(sa.JOB_NAME),
+            phase=attrs.get(sa.PHASE),
+            execution_status=ex.status.name if ex.status else None,
+            labels=labels,
+            trainer_job_id=attrs.get(sa.TRAINER_JOB_ID),
+            step=attrs.get(sa.STEP),
+            model=attrs.get(sa.MODEL),
+            start_time=ex.start_time,
+            close_time=ex.close_time,
+        )
+
+
+def _quote(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def list_query(
+    *, labels: Mapping[str, str] | None = None, phase: Phase | str | None = None, name: str | None = None
+) -> str:
+    """A visibility query over Shepherd's search attributes (also usable in the Web UI)."""
+    clauses = ['WorkflowType = "TrainingJob"']
+    for key, value in sorted((labels or {}).items()):
+        clauses.append(f"{sa.LABELS.name} = {_quote(f'{key}={value}')}")
+    if phase is not None:
+        clauses.append(f"{sa.PHASE.name} = {_quote(Phase(phase).value)}")
+    if name is not None:
+        clauses.append(f"{sa.JOB_NAME.name} = {_quote(name)}")
+    return " AND ".join(clauses)
+
+
+def load_job_spec(
+    spec: JobSpec | Mapping[str, Any] | str | Path, overrides: list[str] | Mapping[str, Any] | None = None
+) -> JobSpec:
+    """A validated spec from a model, a mapping or a YAML/JSON path, with ``path.to.field=value``
+    overrides (a list of strings, or a mapping of dotted paths to values)."""
+    source = None
+    if isinstance(spec, str | Path):
+        source = str(spec)
+        data = load_spec_data(spec)
+    elif isinstance(spec, JobSpec):
+        data = spec.model_dump(mode="json")
+    else:
+        data = dict(spec)
+    items = overrides.items() if isinstance(overrides, Mapping) else ()
+    for path, value in items:
+        node = data
+        *parents, leaf = str(path).split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    if not isinstance(overrides, Mapping):
+        for item in overrides or []:
+            apply_override(data, item)
+    return validate_spec(data, source)
+
+
+class JobHandle:
+    """One job (a lifecycle workflow), found by its workflow id."""
+
+    def __init__(self, shepherd: Shepherd, workflow_id: str, run_id: str | None = None) -> None:
+        self._sh = shepherd
+        self.id = workflow_id
+        self._handle: WorkflowHandle[Any, JobStatus] = shepherd.client.get_workflow_handle(
+            workflow_id, result_type=JobStatus
+        )
+
+    def __repr__(self) -> str:
+        return f"JobHandle({self.id!r})"
+
+    async def status(self) -> JobStatus:
+        return await self._handle.query("status", result_type=JobStatus)
+
+    async def spec(self) -> JobSpec:
+        return await self._handle.query("spec", result_type=JobSpec)
+
+    async def wait(self, *, raise_on_failure: bool = True) -> JobStatus:
+        """The final status. A job that did not complete raises :class:`JobFailed` (or, with
+        ``raise_on_failure=False``, returns its final status)."""
+        try:
+            return await self._handle.result()
+        except WorkflowFailureError:
+            status = await self.status()
+            if raise_on_failure:
+                raise JobFailed(status) from None
+            return status
+
+    async def watch(self, *, interval: float = 0.5) -> AsyncIterator[JobStatus]:
+        """Each change of the status (phase, step, platform state, recoveries ...), until the
+        job ends; the last one yielded is the final status."""
+        import asyncio
+
+        result = asyncio.ensure_future(self._handle.result())
+        last: tuple[Any, ...] | None = None
+        try:
+            while True:
+                status = await self.status()
+                key = (status.phase, status.step, status.platform_state, len(status.recoveries), status.paused_checkpoint, status.model)
+                if key != last:
+                    last = key
+                    yield status
+                if status.phase.is_terminal() or result.done():
+                    final = await self.status()
+                    if (final.phase, final.step) != key[:2]:
+                        yield final
+                    return
+                await asyncio.wait({result}, timeout=interval)
+        finally:
+            result.cancel()
+
+    async def pause(self, reason: str = "") -> PauseResult:
+        """Checkpoint, give the trainer back, wait. Returns the checkpoint saved."""
+        return await self._handle.execute_update("request_pause", PauseRequest(reason=reason), result_type=PauseResult)
+
+    async def resume(self, checkpoint: str | None = None) -> JobStatus:
+        """A new trainer, loaded from ``checkpoint`` (default: the one saved at pause)."""
+        return await self._handle.execute_update("request_resume", ResumeRequest(checkpoint=checkpoint), result_type=JobStatus)
+
+    async def cancel(self, reason: str = "") -> None:
+        """Cancel; the trainer is still deleted and checkpoints are kept."""
+        await self._handle.cancel(reason=reason)
+
+    async def checkpoints(self) -> list[CheckpointRecord]:
+        return list((await self.status()).checkpoints)
+
+    async def retry(
+        self,
+        *,
+        from_checkpoint: str | None = None,
+        overrides: list[str] | Mapping[str, Any] | None = None,
+        workflow_id: str | None = None,
+    ) -> JobHandle:
+        """A new job from a checkpoint of this one (default: its best, else its last), with
+        changed resources (``overrides``), linked to this job as its parent."""
+        status, spec = await self.status(), await self.spec()
+        checkpoint = from_checkpoint
+        if checkpoint is None:
+            chosen = status.best or status.last_checkpoint
+            checkpoint = chosen.name if chosen else None
+        if checkpoint is not None and not rules.CHECKPOINT_NAME_RE.match(checkpoint):
+            known = {c.name.rsplit("/", 1)[-1]: c.name for c in status.checkpoints}
+            if checkpoint not in known:
+                raise SpecError([SpecProblem(field="from_checkpoint", rule=f"{checkpoint!r} is not a checkpoint of {self.id}")])
+            checkpoint = known[checkpoint]
+        data = spec.model_dump(mode="json")
+        data["training"]["resume_from"] = checkpoint
+        new_spec = load_job_spec(data, overrides)
+        return await self._sh.submit(new_spec, workflow_id=workflow_id, parent_workflow_id=self.id)
+
+    async def describe(self) -> Any:
+        return await self._handle.describe()
+
+
+class SweepHandle:
+    """One sweep (a parent workflow whose trials are job workflows)."""
+
+    def __init__(self, shepherd: Shepherd, workflow_id: str) -> None:
+        self._sh = shepherd
+        self.id = workflow_id
+        self._handle: WorkflowHandle[Any, SweepStatus] = shepherd.client.get_workflow_handle(
+            workflow_id, result_type=SweepStatus
+        )
+
+    def __repr__(self) -> str:
+        return f"SweepHandle({self.id!r})"
+
+    async def status(self) -> SweepStatus:
+        return await self._handle.query("status", result_type=SweepStatus)
+
+    async def wait(self) -> SweepStatus:
+        try:
+            return await self._handle.result()
+        except WorkflowFailureError:
+            return await self.status()
+
+    async def watch(self, *, interval: float = 1.0) -> AsyncIterator[SweepStatus]:
+        import asyncio
+
+        result = asyncio.ensure_future(self._handle.result())
+        last = None
+        try:
+            while True:
+                status = await self.status()
+                key = status.model_dump_json()
+                if key != last:
+                    last = key
+                    yield status
+                if result.done():
+                    final = await self.status()
+                    if final.model_dump_json() != last:
+                        yield final
+                    return
+                await asyncio.wait({result}, timeout=interval)
+        finally:
+            result.cancel()
+
+    async def cancel(self, reason: str = "") -> None:
+        """Cancel the sweep: every running trial is cancelled and cleans its trainer up."""
+        await self._handle.cancel(reason=reason)
+
+    def trial(self, index: int) -> JobHandle:
+        return JobHandle(self._sh, f"{self.id}-t{index}")
+
+
+class Shepherd:
+    """Connection to Shepherd (a Temporal namespace and the workers' task queue)."""
+
+    def __init__(self, client: Client, *, task_queue: str) -> None:
+        self.client = client
+        self.task_queue = task_queue
+        self.schedules = Schedules(client, task_queue)
+
+    async def submit_sweep(
+        self,
+        sweep: SweepSpec | Mapping[str, Any] | str | Path,
+        *,
+        overrides: list[str] | None = None,
+        workflow_id: str | None = None,
+        task_queue: str | None = None,
+    ) -> SweepHandle:
+        """Validate and start a sweep (``sweep-<name>-<suffix>`` unless given)."""
+        if isinstance(sweep, str | Path):
+            spec = load_sweep(sweep, overrides=overrides)
+        elif isinstance(sweep, SweepSpec):
+            spec = sweep
+        else:
+            spec = validate_sweep(dict(sweep), overrides=overrides)
+        handle = await self.client.start_workflow(
+            "Sweep",
+            SweepInput(sweep=spec),
+            id=workflow_id or f"sweep-{spec.name}-{secrets.token_hex(3)}",
+            task_queue=task_queue or spec.base.scheduling.queue or self.task_queue,
+            result_type=SweepStatus,
+            search_attributes=TypedSearchAttributes(
+                [SearchAttributePair(sa.JOB_NAME, spec.name), SearchAttributePair(sa.LABELS, spec.base.label_keywords())]
+            ),
+            static_summary=f"sweep {spec.name}: {spec.method} over {', '.join(sorted(spec.parameters))}, "
+            f"{spec.max_trials} trials x{spec.parallelism}, {spec.goal} {spec.metric}",
+        )
+        return SweepHandle(self, handle.id)
+
+    def get_sweep(self, workflow_id: str) -> SweepHandle:
+        return SweepHandle(self, workflow_id)
+
+    @classmethod
+    async def connect(
+        cls,
+        address: str | None = None,
+        namespace: str | None = None,
+        *,
+        task_queue: str | None = None,
+        api_key: str | None = None,
+        tls: bool | None = None,
+    ) -> Shepherd:
+        """Arguments win over the environment (``TEMPORAL_ADDRESS``, ``TEMPORAL_NAMESPACE``,
+        ``TEMPORAL_API_KEY``, ``TEMPORAL_TLS*``, ``SHEPHERD_TASK_QUEUE``)."""
+        settings = TemporalSettings()
+        updates: dict[str, Any] = {}
+        if address:
+            updates["address"] = address
+        if namespace:
+            updates["namespace"] = namespace
+        if task_queue:
+            updates["task_queue"] = task_queue
+        if api_key:
+            updates["api_key"] = api_key
+        if tls is not None:
+            updates["tls"] = tls
+        settings = settings.model_copy(update=updates)
+        return cls(await connect(settings), task_queue=settings.task_queue)
+
+    async def submit(
+        self,
+        spec: JobSpec | Mapping[str, Any] | str | Path,
+        *,
+        overrides: list[str] | Mapping[str, Any] | None = None,
+        workflow_id: str | None = None,
+        task_queue: str | None = None,
+        parent_workflow_id: str | None = None,
+    ) -> JobHandle:
+        """Validate and start a job; its workflow id is ``job-<name>-<suffix>`` unless given."""
+        job_spec = load_job_spec(spec, overrides)
+        handle = await start_job(
+            self.client,
+            job_spec,
+            task_queue=task_queue or job_spec.scheduling.queue or self.task_queue,
+            workflow_id=workflow_id,
+            parent_workflow_id=parent_workflow_id,
+        )
+        return JobHandle(self, handle.id)
+
+    def get(self, workflow_id: str) -> JobHandle:
+        return JobHandle(self, workflow_id)
+
+    async def list(
+        self,
+        *,
+        labels: Mapping[str, str] | None = None,
+        phase: Phase | str | None = None,
+        name: str | None = None,
+        query: str | None = None,
+        limit: int = 100,
+    ) -> list[JobSummary]:
+        """Jobs by label, phase or name (Temporal visibility over the search attributes),
+        newest first."""
+        q = list_query(labels=labels, phase=phase, name=name)
+        if query:
+            q = f"{q} AND ({query})"
+        out = []
+        try:
+            async for ex in self.client.list_workflows(q, limit=limit):
+                out.append(JobSummary.from_execution(ex))
+        except RPCError as exc:
+            raise ValueError(f"the job query failed: {exc.message}") from None
+        return out
+
+
+__all__ = [
+    "JobFailed",
+    "SweepHandle",
+    "JobHandle",
+    "JobSummary",
+    "Shepherd",
+    "WorkflowExecutionStatus",
+]
