@@ -24,8 +24,15 @@ app = typer.Typer(
 
 
 @app.callback()
-def _root() -> None:
+def _root(
+    address: Annotated[str | None, typer.Option(envvar="TEMPORAL_ADDRESS", help="Temporal frontend, host:port.")] = None,
+    namespace: Annotated[str | None, typer.Option(envvar="TEMPORAL_NAMESPACE")] = None,
+    task_queue: Annotated[str | None, typer.Option(envvar="SHEPHERD_TASK_QUEUE", help="The workers' task queue.")] = None,
+) -> None:
     """Run GPU training jobs as durable Temporal workflows."""
+    from shepherd.cli.common import CONNECTION
+
+    CONNECTION.address, CONNECTION.namespace, CONNECTION.task_queue = address, namespace, task_queue
 
 
 @app.command()
@@ -63,6 +70,16 @@ def plane(
     )
     serve(settings)
 
+
+def _register_user_commands() -> None:
+    from shepherd.cli import jobs, schedules, sweeps
+
+    jobs.register(app)
+    app.add_typer(schedules.app, name="schedule")
+    app.add_typer(sweeps.app, name="sweep")
+
+
+_register_user_commands()
 
 STATE_DIR = Path(".shepherd")
 

@@ -27,6 +27,7 @@ from shepherd.models import JobInput, JobStatus
 from shepherd.spec import JobSpec, validate_spec
 from tests.helpers import Account
 from workers.config import BackendProfile, BackendRegistry
+from workers.devstack import free_port
 from workers.events import EventBridge
 from workers.main import WORKFLOWS, activities_for
 from workflows.job import TrainingJobWorkflow
@@ -49,6 +50,9 @@ async def _record(st: Stack, test_name: str) -> None:
         (HISTORIES / f"{slug}-{i}.json").write_text(history.to_json())
 
 
+UI_PORT = free_port()
+
+
 @pytest.fixture(scope="session")
 async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
     env = await WorkflowEnvironment.start_local(
@@ -56,10 +60,16 @@ async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
         data_converter=pydantic_data_converter,
         search_attributes=list(sa.ALL),
         dev_server_log_level="error",
-        ui=False,
+        ui=True,  # the Web UI test drives a browser against it
+        ui_port=UI_PORT,
     )
     async with env:
         yield env
+
+
+@pytest.fixture(scope="session")
+def ui_url(temporal_env: WorkflowEnvironment) -> str:
+    return f"http://127.0.0.1:{UI_PORT}"
 
 
 @pytest.fixture

@@ -1,0 +1,82 @@
+"""What every CLI command shares: the connection options and one place that turns
+failures into a one-line reason and an exit code.
+
+Exit codes: 0 success · 1 the job (or request) failed · 2 invalid input · 3 Temporal
+unreachable · 4 not found.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any, NoReturn, TypeVar
+
+import typer
+from temporalio.client import WorkflowUpdateFailedError
+from temporalio.service import RPCError, RPCStatusCode
+
+from shepherd.cli.render import err_console
+from shepherd.spec import SpecError
+
+T = TypeVar("T")
+
+EXIT_FAILED, EXIT_INVALID, EXIT_UNREACHABLE, EXIT_NOT_FOUND = 1, 2, 3, 4
+
+
+@dataclass
+class Connection:
+    address: str | None = None
+    namespace: str | None = None
+    task_queue: str | None = None
+
+
+CONNECTION = Connection()
+
+
+async def shepherd() -> Any:
+    from shepherd.client import Shepherd
+
+    return await Shepherd.connect(CONNECTION.address, CONNECTION.namespace, task_queue=CONNECTION.task_queue)
+
+
+def ui_link(workflow_id: str) -> str:
+    """The Web UI page of a workflow (``SHEPHERD_UI_URL``, default the dev server's)."""
+    base = os.environ.get("SHEPHERD_UI_URL", "http://localhost:8233").rstrip("/")
+    namespace = CONNECTION.namespace or os.environ.get("TEMPORAL_NAMESPACE", "default")
+    return f"{base}/namespaces/{namespace}/workflows/{workflow_id}"
+
+
+def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
+    err_console.print(f"[red]error:[/red] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a command's coroutine; every failure ends as one line and an exit code."""
+    from shepherd.client import JobFailed
+
+    try:
+        return asyncio.run(coro)
+    except SpecError as exc:
+        err_console.print(f"[red]{exc}[/red]", highlight=False)
+        raise typer.Exit(EXIT_INVALID) from None
+    except JobFailed as exc:
+        fail(str(exc), EXIT_FAILED)
+    except WorkflowUpdateFailedError as exc:
+        fail(f"refused: {exc.cause.message if exc.cause and hasattr(exc.cause, 'message') else exc}", EXIT_FAILED)
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            fail(f"not found: {exc.message}", EXIT_NOT_FOUND)
+        if exc.status in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED):
+            fail(f"cannot reach Temporal ({exc.message}); is `shepherd dev` running? (TEMPORAL_ADDRESS)", EXIT_UNREACHABLE)
+        fail(f"{exc.status.name if exc.status else 'error'}: {exc.message}", EXIT_FAILED)
+    except KeyError as exc:
+        fail(str(exc.args[0]) if exc.args else "not found", EXIT_NOT_FOUND)
+    except ValueError as exc:
+        fail(str(exc), EXIT_INVALID)
+    except RuntimeError as exc:
+        if "connect" in str(exc).lower():
+            fail(f"cannot reach Temporal: {exc}; is `shepherd dev` running? (TEMPORAL_ADDRESS)", EXIT_UNREACHABLE)
+        raise

@@ -1,0 +1,170 @@
+"""``shepherd submit | status | watch | list | pause | resume | cancel | retry | checkpoints``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from shepherd.cli.common import EXIT_FAILED, fail, run, shepherd, ui_link
+from shepherd.cli.render import console, job_table, outcome_line, print_json, show_status, watch_progress
+from shepherd.phases import Phase
+
+SetOption = Annotated[list[str] | None, typer.Option("--set", help="Override a field: path.to.field=value (repeatable).")]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print data as JSON.")]
+
+
+async def _follow(job: Any, as_json: bool) -> None:
+    """Watch until the end; exit non-zero unless the job completed."""
+    if as_json:
+        async for status in job.watch():
+            print(status.model_dump_json())
+            final = status
+    else:
+        final = await watch_progress(job.watch())
+        console.print(outcome_line(final))
+    if final.phase is not Phase.COMPLETED:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def submit(
+        spec: Annotated[Path, typer.Argument(help="The job spec (YAML or JSON).")],
+        overrides: SetOption = None,
+        watch: Annotated[bool, typer.Option("--watch", "-w", help="Follow progress until the end.")] = False,
+        workflow_id: Annotated[str | None, typer.Option("--id", help="Workflow id (default job-<name>-<suffix>).")] = None,
+        as_json: JsonOption = False,
+    ) -> None:
+        """Validate a spec and start the job (nothing is started when the spec is invalid)."""
+
+        async def go() -> None:
+            sh = await shepherd()
+            job = await sh.submit(spec, overrides=overrides, workflow_id=workflow_id)
+            if as_json and not watch:
+                print_json({"workflow_id": job.id, "ui": ui_link(job.id)})
+            elif not as_json:
+                console.print(f"submitted [bold]{job.id}[/bold]  ·  {ui_link(job.id)}", highlight=False)
+            if watch:
+                await _follow(job, as_json)
+
+        run(go())
+
+    @app.command()
+    def status(workflow_id: str, as_json: JsonOption = False) -> None:
+        """The job's status: phase, platform state, step, loss, checkpoints, recoveries, error."""
+
+        async def go() -> None:
+            st = await (await shepherd()).get(workflow_id).status()
+            print_json(st) if as_json else show_status(st)
+
+        run(go())
+
+    @app.command()
+    def watch(workflow_id: str, as_json: JsonOption = False) -> None:
+        """Follow a job until it ends (JSON: one status per line)."""
+
+        async def go() -> None:
+            await _follow((await shepherd()).get(workflow_id), as_json)
+
+        run(go())
+
+    @app.command("list")
+    def list_jobs(
+        label: Annotated[list[str] | None, typer.Option("--label", "-l", help="key=value (repeatable).")] = None,
+        phase: Annotated[str | None, typer.Option(help="e.g. TRAINING, COMPLETED.")] = None,
+        name: Annotated[str | None, typer.Option(help="The spec's name.")] = None,
+        limit: Annotated[int, typer.Option(min=1)] = 50,
+        as_json: JsonOption = False,
+    ) -> None:
+        """Jobs by label and phase (Temporal visibility over Shepherd's search attributes)."""
+        labels = {}
+        for item in label or []:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                fail(f"--label {item!r}: must be key=value", 2)
+            labels[key] = value
+        if phase is not None and phase.upper() not in Phase.__members__:
+            fail(f"--phase {phase!r}: must be one of {', '.join(Phase.__members__)}", 2)
+
+        async def go() -> None:
+            rows = await (await shepherd()).list(labels=labels, phase=phase.upper() if phase else None, name=name, limit=limit)
+            print_json(rows) if as_json else job_table(rows)
+
+        run(go())
+
+    @app.command()
+    def pause(workflow_id: str, reason: Annotated[str, typer.Option()] = "", as_json: JsonOption = False) -> None:
+        """Checkpoint, delete the trainer (no GPU held), wait for resume."""
+
+        async def go() -> None:
+            result = await (await shepherd()).get(workflow_id).pause(reason)
+            print_json(result) if as_json else console.print(f"paused at step {result.step} · checkpoint {result.checkpoint}")
+
+        run(go())
+
+    @app.command()
+    def resume(
+        workflow_id: str,
+        checkpoint: Annotated[str | None, typer.Option(help="Resume from this checkpoint (default: the pause's).")] = None,
+        as_json: JsonOption = False,
+    ) -> None:
+        """Provision a new trainer and continue from the pause's (or the given) checkpoint."""
+
+        async def go() -> None:
+            st = await (await shepherd()).get(workflow_id).resume(checkpoint)
+            print_json(st) if as_json else console.print(f"resumed: {st.phase.value} (trainer generation {st.generation + 1})")
+
+        run(go())
+
+    @app.command()
+    def cancel(workflow_id: str, reason: Annotated[str, typer.Option()] = "") -> None:
+        """Cancel; cleanup still runs (the trainer is deleted, checkpoints are kept)."""
+
+        async def go() -> None:
+            await (await shepherd()).get(workflow_id).cancel(reason)
+            console.print(f"cancel requested for {workflow_id}")
+
+        run(go())
+
+    @app.command()
+    def retry(
+        workflow_id: str,
+        from_checkpoint: Annotated[str | None, typer.Option(help="Default: the job's best, else last checkpoint.")] = None,
+        overrides: SetOption = None,
+        watch: Annotated[bool, typer.Option("--watch", "-w")] = False,
+        as_json: JsonOption = False,
+    ) -> None:
+        """A new job from a checkpoint of this one, with changed resources, linked to it."""
+
+        async def go() -> None:
+            job = await (await shepherd()).get(workflow_id).retry(from_checkpoint=from_checkpoint, overrides=overrides)
+            if as_json and not watch:
+                print_json({"workflow_id": job.id, "parent": workflow_id})
+            elif not as_json:
+                console.print(f"retrying as [bold]{job.id}[/bold] (parent {workflow_id})  ·  {ui_link(job.id)}", highlight=False)
+            if watch:
+                await _follow(job, as_json)
+
+        run(go())
+
+    @app.command()
+    def checkpoints(workflow_id: str, as_json: JsonOption = False) -> None:
+        """The job's checkpoints (kept ones), with their step and metric."""
+
+        async def go() -> None:
+            job = (await shepherd()).get(workflow_id)
+            st = await job.status()
+            if as_json:
+                print_json(st.checkpoints)
+                return
+            from rich.table import Table
+
+            table = Table("checkpoint", "step", st.eval_metric, "best")
+            for c in st.checkpoints:
+                best = "*" if st.best and st.best.name == c.name else ""
+                table.add_row(c.name, str(c.step), "-" if c.metric is None else f"{c.metric:.4f}", best)
+            console.print(table)
+
+        run(go())

@@ -1,0 +1,120 @@
+"""How the CLI shows jobs, schedules and sweeps: rich for people, JSON for programs."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
+
+from pydantic import BaseModel
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from shepherd.models import JobStatus
+from shepherd.phases import Phase
+
+console = Console(soft_wrap=True)
+err_console = Console(stderr=True, soft_wrap=True)
+
+
+def as_json(value: Any) -> str:
+    if isinstance(value, BaseModel):
+        return value.model_dump_json(indent=2)
+    if isinstance(value, list):
+        return json.dumps([v.model_dump(mode="json") if isinstance(v, BaseModel) else v for v in value], indent=2)
+    return json.dumps(value, indent=2, default=str)
+
+
+def print_json(value: Any) -> None:
+    sys.stdout.write(as_json(value) + "\n")
+
+
+def _age(status: JobStatus) -> str:
+    if not status.started_at or not status.updated_at:
+        return "-"
+    seconds = (status.updated_at - status.started_at).total_seconds()
+    return f"{seconds:.0f}s" if seconds < 120 else f"{seconds / 60:.1f}m"
+
+
+def show_status(status: JobStatus) -> None:
+    table = Table(show_header=False, box=None, pad_edge=False)
+    rows: list[tuple[str, str]] = [
+        ("job", status.workflow_id),
+        ("phase", f"[bold]{status.phase.value}[/bold]"),
+        ("platform", f"{status.platform_state or '-'}  {status.platform_message}".rstrip()),
+        ("trainer", f"{status.trainer_job_id or '-'} (generation {status.generation})"),
+        ("step", f"{status.step}/{status.total_steps}"),
+        ("loss", f"{status.last_loss:.4f}" if status.last_loss is not None else "-"),
+        (status.eval_metric, f"{status.eval_value:.4f}" if status.eval_value is not None else "-"),
+        ("best", f"{status.best.name} (step {status.best.step})" if status.best else "-"),
+        ("checkpoints", str(len(status.checkpoints))),
+        ("recoveries", f"{len(status.recoveries)} (preemptions {status.preemptions}, failures {status.failures})"),
+        ("model", f"{status.model.name} ({status.model.state})" if status.model else "-"),
+        ("elapsed", _age(status)),
+        ("cleanup", status.cleanup),
+    ]
+    if status.labels:
+        rows.insert(1, ("labels", ", ".join(f"{k}={v}" for k, v in sorted(status.labels.items()))))
+    if status.error:
+        rows.append(("error", f"[red]{status.error.type}: {status.error.message}[/red]"))
+    for key, value in rows:
+        table.add_row(f"[dim]{key}[/dim]", value)
+    console.print(table)
+    for r in status.recoveries:
+        console.print(
+            f"  [dim]recovery {r.number}:[/dim] {r.reason} at step {r.at_step} -> step {r.resumed_from_step} "
+            f"({r.steps_redone} redone, {r.duration_s or 0:.1f}s, {r.action})"
+        )
+
+
+def outcome_line(status: JobStatus) -> str:
+    if status.phase is Phase.COMPLETED:
+        model = f" · model {status.model.name}" if status.model else ""
+        return f"[bold green]COMPLETED[/bold green] {status.step}/{status.total_steps} steps in {_age(status)}{model}"
+    error = f": {status.error.type}: {status.error.message}" if status.error else ""
+    return f"[bold red]{status.phase.value}[/bold red] at step {status.step}/{status.total_steps}{error}"
+
+
+async def watch_progress(updates: AsyncIterator[JobStatus]) -> JobStatus:
+    """A live bar: phase, step/total, loss, ETA, recoveries. Returns the final status."""
+    columns = (
+        TextColumn("{task.fields[phase]:<13}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        TextColumn("{task.completed:.0f}/{task.total:.0f}  loss {task.fields[loss]}  {task.fields[recoveries]}"),
+        TimeRemainingColumn(),
+        TimeElapsedColumn(),
+    )
+    final: JobStatus | None = None
+    with Progress(*columns, console=console) as progress:
+        bar = None
+        async for status in updates:
+            final = status
+            if bar is None:
+                bar = progress.add_task("job", total=max(1, status.total_steps), phase="", loss="-", recoveries="")
+            progress.update(
+                bar,
+                completed=status.step,
+                phase=status.phase.value,
+                loss=f"{status.last_loss:.3f}" if status.last_loss is not None else "-",
+                recoveries=f"recoveries {len(status.recoveries)}" if status.recoveries else "",
+            )
+    assert final is not None
+    return final
+
+
+def job_table(rows: Iterable[Any]) -> None:
+    table = Table("job", "name", "phase", "step", "labels", "trainer", "started")
+    for r in rows:
+        table.add_row(
+            r.workflow_id,
+            r.name or "-",
+            r.phase or r.execution_status or "-",
+            "-" if r.step is None else str(r.step),
+            ", ".join(f"{k}={v}" for k, v in sorted(r.labels.items())),
+            r.trainer_job_id or "-",
+            r.start_time.strftime("%Y-%m-%d %H:%M:%S") if r.start_time else "-",
+        )
+    console.print(table)

@@ -1,0 +1,153 @@
+"""The ``shepherd`` CLI as a user runs it: real subprocesses against the real stack, exit
+codes (0 success, 1 failed, 2 invalid input, 3 unreachable, 4 not found) and one-line
+reasons."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from shepherd.phases import Phase
+from tests.workflows.conftest import Stack
+
+
+async def cli(stack: Stack, *args: str, timeout: float = 120, address: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "TEMPORAL_ADDRESS": address or stack.client.service_client.config.target_host,
+        "SHEPHERD_TASK_QUEUE": stack.task_queue,
+        "COLUMNS": "200",
+    }
+    return await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "shepherd.cli.main", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
+
+
+def write_spec(stack: Stack, tmp: Path, name: str, **sections: Any) -> Path:
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(stack.spec(name, **sections).model_dump(mode="json", exclude_defaults=True)))
+    return path
+
+
+async def test_invalid_spec_lists_every_problem_and_starts_nothing(stack: Stack, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        yaml.safe_dump(
+            {
+                "name": "Bad Name",
+                "trainer": {"base_model": "m", "lora_rank": -2},
+                "training": {"total_steps": 0},
+                "output": {"model_id": "UPPER"},
+            }
+        )
+    )
+    done = await cli(stack, "submit", str(bad))
+    assert done.returncode == 2
+    for field in ("name", "trainer.lora_rank", "training.total_steps", "output.model_id"):
+        assert field in done.stderr
+    assert [w async for w in stack.client.list_workflows(f'TaskQueue = "{stack.task_queue}"')] == []
+
+
+async def test_submit_watch_status_list_checkpoints(stack: Stack, tmp_path: Path) -> None:
+    spec = write_spec(stack, tmp_path, "clijob", labels={"team": "cli-test"})
+    done = await cli(stack, "submit", str(spec), "--watch", "--set", "training.total_steps=20")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "COMPLETED" in done.stdout and "clijob-model" in done.stdout
+    workflow_id = next(w.split()[1] for w in done.stdout.splitlines() if w.startswith("submitted"))
+
+    status = json.loads((await cli(stack, "status", workflow_id, "--json")).stdout)
+    assert status["phase"] == Phase.COMPLETED.value and status["step"] == 20
+    human = await cli(stack, "status", workflow_id)
+    assert human.returncode == 0 and "COMPLETED" in human.stdout and "team=cli-test" in human.stdout
+
+    listed = json.loads((await cli(stack, "list", "--label", "team=cli-test", "--phase", "completed", "--json")).stdout)
+    assert [row["workflow_id"] for row in listed] == [workflow_id]
+    assert json.loads((await cli(stack, "list", "--label", "team=nobody", "--json")).stdout) == []
+
+    ckpts = json.loads((await cli(stack, "checkpoints", workflow_id, "--json")).stdout)
+    assert [c["step"] for c in ckpts] == [10, 20]
+
+
+async def test_pause_resume_cancel_and_retry(stack: Stack, tmp_path: Path) -> None:
+    spec = write_spec(stack, tmp_path, "steer", trainer={"extra_args": ["--compute-delay-ms=80"]}, training={"total_steps": 60})
+    submitted = json.loads((await cli(stack, "submit", str(spec), "--json")).stdout)
+    workflow_id = submitted["workflow_id"]
+    await stack.until(stack.client.get_workflow_handle(workflow_id), lambda s: s.step >= 10 and s.phase is Phase.TRAINING)
+
+    paused = await cli(stack, "pause", workflow_id, "--json")
+    assert paused.returncode == 0, paused.stderr
+    assert json.loads(paused.stdout)["checkpoint"].endswith("pause-1")
+    again = await cli(stack, "pause", workflow_id)
+    assert again.returncode == 1 and "already paused" in again.stderr and len(again.stderr.strip().splitlines()) == 1
+
+    resumed = await cli(stack, "resume", workflow_id)
+    assert resumed.returncode == 0 and "resumed" in resumed.stdout
+
+    await stack.until(stack.client.get_workflow_handle(workflow_id), lambda s: s.phase is Phase.TRAINING and s.generation == 1)
+    assert (await cli(stack, "cancel", workflow_id)).returncode == 0
+    watched = await cli(stack, "watch", workflow_id)
+    assert watched.returncode == 1 and "CANCELLED" in watched.stdout
+
+    retried = await cli(stack, "retry", workflow_id, "--set", "training.total_steps=40", "--set", "trainer.extra_args=[]", "--watch")
+    assert retried.returncode == 0, retried.stdout + retried.stderr
+    new_id = next(w.split()[2] for w in retried.stdout.splitlines() if w.startswith("retrying as"))
+    child = json.loads((await cli(stack, "status", new_id, "--json")).stdout)
+    assert child["parent_workflow_id"] == workflow_id and child["phase"] == "COMPLETED"
+    # It started from the parent's checkpoint, not from scratch.
+    assert child["checkpoints"][0]["step"] > 10
+
+
+async def test_not_found_and_unreachable_are_one_line_with_their_own_codes(stack: Stack) -> None:
+    missing = await cli(stack, "status", "job-does-not-exist")
+    assert missing.returncode == 4 and len(missing.stderr.strip().splitlines()) == 1
+    unreachable = await cli(stack, "list", address="127.0.0.1:1", timeout=60)
+    assert unreachable.returncode == 3 and "cannot reach Temporal" in unreachable.stderr
+    assert len(unreachable.stderr.strip().splitlines()) == 1
+
+
+async def test_schedule_and_sweep_commands(stack: Stack, tmp_path: Path) -> None:
+    spec = write_spec(stack, tmp_path, "cron", output={"model_id": "cron-{scheduled_time:%Y%m%d%H%M%S}"})
+    name = f"cli-{os.getpid()}"
+    created = await cli(stack, "schedule", "create", name, str(spec), "--cron", "0 3 * * *", "--paused", "--json")
+    assert created.returncode == 0, created.stderr
+    assert json.loads(created.stdout)["paused"] is True
+    assert (await cli(stack, "schedule", "trigger", name)).returncode == 0
+    async with asyncio.timeout(60):
+        while True:
+            described = json.loads((await cli(stack, "schedule", "describe", name, "--json")).stdout)
+            if described["recent_runs"] and described["recent_runs"][0]["outcome"] == "COMPLETED":
+                break
+            await asyncio.sleep(1)
+    assert name in (await cli(stack, "schedule", "list")).stdout
+    bad = await cli(stack, "schedule", "create", f"{name}-x", str(spec))
+    assert bad.returncode == 2 and "--cron" in bad.stderr
+    assert (await cli(stack, "schedule", "delete", name)).returncode == 0
+
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(
+        yaml.safe_dump(
+            {
+                "name": "clisweep",
+                "base": str(write_spec(stack, tmp_path, "sweepbase")),
+                "parameters": {"trainer.learning_rate": {"type": "double", "min": 0.005, "max": 0.02, "scale": "log"}},
+                "max_trials": 2,
+                "parallelism": 2,
+                "promote_best": {"model_id": "clisweep-best"},
+            }
+        )
+    )
+    swept = await cli(stack, "sweep", "submit", str(sweep), "--watch")
+    assert swept.returncode == 0, swept.stdout + swept.stderr
+    assert "best: trial" in swept.stdout and "promoted: " in swept.stdout
