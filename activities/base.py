@@ -61,7 +61,9 @@ def snapshot(job: TrainerJob) -> PlatformJob:
     )
 
 
-def not_ready(message: str, *, next_retry_delay: timedelta | None = None, details: Any = None) -> ApplicationError:
+def not_ready(
+    message: str, *, next_retry_delay: timedelta | None = None, details: Any = None
+) -> ApplicationError:
     """Benign: the expected "not yet" of a poll; logged at DEBUG, not as a failure."""
     return ApplicationError(
         message,
@@ -72,12 +74,14 @@ def not_ready(message: str, *, next_retry_delay: timedelta | None = None, detail
     )
 
 
-def lost(job: PlatformJob) -> ApplicationError:
-    """The trainer is not serving any more: the workflow decides (recovery or failure)."""
+def lost(job: PlatformJob, *, applied_step: int | None = None) -> ApplicationError:
+    """The trainer is not serving any more: the workflow decides (recovery or failure).
+    ``applied_step``: the last step this activity saw applied (for the work-lost count)."""
     kind = policies.TRAINER_GONE if JobState(job.state).is_gone() else policies.TRAINER_LOST
     return ApplicationError(
         f"trainer {job.trainer_job_id} is {job.state}: {job.message or 'no message'}",
         job.model_dump(mode="json"),
+        {"applied_step": applied_step},
         type=kind,
         non_retryable=True,
     )
@@ -99,12 +103,20 @@ def translate(exc: PlatformError, context: str = "") -> ApplicationError:
     message = f"{context}: {exc}" if context else str(exc)
     if exc.retryable:
         return ApplicationError(message, type=type(exc).__name__)
-    kind = next((t for cls, t in _PERMANENT_TYPES.items() if isinstance(exc, cls)), policies.INVALID_REQUEST)
+    kind = next(
+        (t for cls, t in _PERMANENT_TYPES.items() if isinstance(exc, cls)), policies.INVALID_REQUEST
+    )
     return ApplicationError(message, type=kind, non_retryable=True)
 
 
 async def verified_404(
-    client: PlatformClient, trainer_job_id: str, *, races: int, retries: int, window: timedelta
+    client: PlatformClient,
+    trainer_job_id: str,
+    *,
+    races: int,
+    retries: int,
+    window: timedelta,
+    applied_step: int | None = None,
 ) -> ApplicationError:
     """What a data-plane 404 means, asked of the control plane (trainer-api.md §5).
 
@@ -117,7 +129,7 @@ async def verified_404(
     except PlatformError as exc:
         return translate(exc, f"checking trainer {trainer_job_id} after a 404")
     if job.state != JobState.RUNNING.value:
-        return lost(job)
+        return lost(job, applied_step=applied_step)
     if races > retries:
         return ApplicationError(
             f"trainer {trainer_job_id} is RUNNING but its route still answers 404 after {retries} verified retries",

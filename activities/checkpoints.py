@@ -46,7 +46,9 @@ class CheckpointActivities:
             raise await _route_lost(client, inp.trainer_job_id) from None
         except PlatformError as exc:
             raise translate(exc, f"saving checkpoint {inp.name}") from None
-        log(trainer_job_id=inp.trainer_job_id).info("checkpoint.saved", name=saved.name, step=saved.step)
+        log(trainer_job_id=inp.trainer_job_id).info(
+            "checkpoint.saved", name=saved.name, step=saved.step
+        )
         return CheckpointRecord(name=saved.name, step=saved.step, trainer_job_id=inp.trainer_job_id)
 
     @activity.defn(name="evaluate")
@@ -76,14 +78,18 @@ class CheckpointActivities:
             raise await _route_lost(client, inp.trainer_job_id) from None
         except PlatformError as exc:
             raise translate(exc, f"loading checkpoint {inp.checkpoint}") from None
-        log(trainer_job_id=inp.trainer_job_id).info("checkpoint.loaded", name=inp.checkpoint, step=loaded.step)
-        return LoadCheckpointResult(step=loaded.step, weights_digest=(loaded.model_extra or {}).get("weights_digest"))
+        log(trainer_job_id=inp.trainer_job_id).info(
+            "checkpoint.loaded", name=inp.checkpoint, step=loaded.step
+        )
+        return LoadCheckpointResult(
+            step=loaded.step, weights_digest=(loaded.model_extra or {}).get("weights_digest")
+        )
 
     @activity.defn(name="prune_checkpoints")
     async def prune_checkpoints(self, inp: PruneCheckpointsInput) -> PruneCheckpointsResult:
         """Delete the given checkpoints; one already gone counts as deleted."""
         client = self.clients.client(inp.backend)
-        deleted = []
+        deleted: list[str] = []
         for name in inp.checkpoints:
             m = rules.CHECKPOINT_NAME_RE.match(name)
             if not m:

@@ -13,7 +13,9 @@ from workflows import policies
 
 
 def _info(model: Model) -> ModelInfo:
-    return ModelInfo(name=model.name, state=model.state, kind=model.kind, checkpoint=model.checkpoint)
+    return ModelInfo(
+        name=model.name, state=model.state, kind=model.kind, checkpoint=model.checkpoint
+    )
 
 
 class PromotionActivities:
@@ -53,7 +55,11 @@ class PromotionActivities:
             return _info(answer.model)
         if answer.operation and answer.operation.done and answer.operation.response:
             return _info(answer.operation.response)
-        return ModelInfo(name=f"accounts/{await client.account_id()}/models/{inp.model_id}", state="UPLOADING", checkpoint=inp.checkpoint)
+        return ModelInfo(
+            name=f"accounts/{await client.account_id()}/models/{inp.model_id}",
+            state="UPLOADING",
+            checkpoint=inp.checkpoint,
+        )
 
     @activity.defn(name="wait_for_model")
     async def wait_for_model(self, inp: PromoteInput) -> ModelInfo:
@@ -67,5 +73,9 @@ class PromotionActivities:
         if model.state == "READY":
             return _info(model)
         if model.state == "FAILED":
-            raise ApplicationError(f"promotion of {inp.checkpoint} failed", type=policies.INVALID_REQUEST, non_retryable=True)
+            raise ApplicationError(
+                f"promotion of {inp.checkpoint} failed",
+                type=policies.INVALID_REQUEST,
+                non_retryable=True,
+            )
         raise not_ready(f"model {inp.model_id} is {model.state}")

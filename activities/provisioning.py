@@ -7,7 +7,13 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.base import ClientProvider, log, snapshot, translate
-from shepherd.models import CreateTrainerInput, PlatformJob, ResolveShapeInput, ShapeInfo, TrainerRef
+from shepherd.models import (
+    CreateTrainerInput,
+    PlatformJob,
+    ResolveShapeInput,
+    ShapeInfo,
+    TrainerRef,
+)
 from shepherd.platform import AlreadyExists, NotFound, PlatformError
 from shepherd.platform.models import CreateTrainerJobRequest, TrainingConfig
 from shepherd.platform.rules import format_duration
@@ -73,7 +79,9 @@ class ProvisioningActivities:
         )
         logger = log(trainer_job_id=inp.trainer_job_id)
         try:
-            job = await client.create_job(inp.trainer_job_id, request, training_shape=inp.shape_version)
+            job = await client.create_job(
+                inp.trainer_job_id, request, training_shape=inp.shape_version
+            )
             logger.info("trainer.created", state=job.state.value)
         except AlreadyExists:
             try:
@@ -103,6 +111,8 @@ class ProvisioningActivities:
         except PlatformError as exc:
             # Always retryable, even a 401: a leaked trainer is worse than a stuck cleanup
             # that an operator fixes by repairing the credentials.
-            raise ApplicationError(f"deleting the trainer: {exc}", type=type(exc).__name__) from None
+            raise ApplicationError(
+                f"deleting the trainer: {exc}", type=type(exc).__name__
+            ) from None
         log(trainer_job_id=ref.trainer_job_id).info("trainer.deleted")
         return snapshot(job) if job else None

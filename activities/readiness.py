@@ -58,7 +58,9 @@ class ReadinessActivities:
             return job
         if state.is_gone():
             raise lost(job)
-        raise not_ready(f"trainer {ref.trainer_job_id} is {job.state}; waiting for a resumable state")
+        raise not_ready(
+            f"trainer {ref.trainer_job_id} is {job.state}; waiting for a resumable state"
+        )
 
     @activity.defn(name="warm_up")
     async def warm_up(self, inp: WarmUpInput) -> WarmUpResult:
@@ -78,7 +80,9 @@ class ReadinessActivities:
                     raise translate(exc, "checking the trainer during warm-up") from None
                 if job.state != JobState.RUNNING.value:
                     raise lost(job) from None
-                raise not_ready(f"route to {inp.trainer_job_id} not on every gateway replica yet") from None
+                raise not_ready(
+                    f"route to {inp.trainer_job_id} not on every gateway replica yet"
+                ) from None
             except PlatformError as exc:
                 raise ApplicationError(
                     f"warm-up probe failed: {exc}", type=type(exc).__name__, non_retryable=True

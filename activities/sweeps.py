@@ -16,7 +16,9 @@ def _distribution(param: Any) -> Any:
     import optuna
 
     if isinstance(param, DoubleParam):
-        return optuna.distributions.FloatDistribution(param.min, param.max, log=param.scale == "log")
+        return optuna.distributions.FloatDistribution(
+            param.min, param.max, log=param.scale == "log"
+        )
     if isinstance(param, IntParam):
         return optuna.distributions.IntDistribution(param.min, param.max, step=param.step)
     assert isinstance(param, CategoricalParam)
@@ -35,5 +37,7 @@ class SweepActivities:
             sampler=optuna.samplers.TPESampler(seed=inp.seed + inp.index, n_startup_trials=3),
         )
         for params, value in inp.history:
-            study.add_trial(optuna.trial.create_trial(params=params, distributions=distributions, value=value))
+            study.add_trial(
+                optuna.trial.create_trial(params=params, distributions=distributions, value=value)
+            )
         return dict(study.ask(distributions).params)

@@ -8,12 +8,20 @@ and during long steps.
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.base import ClientProvider, keepalive, log, previous_details, translate, verified_404
+from activities.base import (
+    ClientProvider,
+    keepalive,
+    log,
+    previous_details,
+    translate,
+    verified_404,
+)
 from shepherd.loops import LoopContext, LoopLoadError, load_loop
 from shepherd.models import ChunkResult, TrainChunkInput
 from shepherd.platform import FailedPrecondition, PlatformError, RouteNotFound
@@ -65,6 +73,16 @@ class TrainingActivities:
                     losses.append(await loop(ctx, step))
                     progress["step"] = step
                     activity.heartbeat(dict(progress))
+        except asyncio.CancelledError:
+            # Asked to stop (a pause, or the workflow heard the trainer died): report how
+            # far the trainer really got; the step in flight is either applied or not.
+            return ChunkResult(
+                last_step=progress["step"],
+                last_loss=losses[-1] if losses else None,
+                mean_loss=sum(losses) / len(losses) if losses else None,
+                route_races=races,
+                partial=True,
+            )
         except RouteNotFound:
             progress["route_races"] = races + 1
             activity.heartbeat(dict(progress))
@@ -74,6 +92,7 @@ class TrainingActivities:
                 races=races + 1,
                 retries=inp.route_race_retries,
                 window=timedelta(seconds=inp.route_race_window_s),
+                applied_step=progress["step"],
             ) from None
         except FailedPrecondition as exc:
             # A step gap: the trainer and Shepherd disagree about progress.

@@ -371,6 +371,11 @@ async def activities_of(handle: WorkflowHandle[Any, Any]) -> tuple[int, list[dic
             act = acts.get(started.scheduled_event_id)
             if act is not None:
                 act["attempts"] = max(act["attempts"], started.attempt)
+                if started.attempt > 1 and started.HasField("last_failure"):
+                    # What the attempt before this one failed with (the retry's reason).
+                    failure = started.last_failure
+                    kind = failure.application_failure_info.type
+                    act["retried_after"] = f"{kind}: {failure.message}"[:300]
         elif e.event_type in _OUTCOMES:
             label, attr = _OUTCOMES[e.event_type]
             act = acts.get(getattr(e, attr).scheduled_event_id)
@@ -612,13 +617,15 @@ async def preemption_run(
         "steps_redone": rec.steps_redone,
         "trainer_step_at_death": applied,
         "steps_really_redone": None if applied is None else applied - resumed,
-        # A chunk attempt 2 means the death first surfaced as a transient error (a 502 from
-        # the gateway for the request the trainer died in), retried by the activity policy.
-        "death_seen_as": "transient error, then retry"
-        if max(chunk_attempts) > 1
-        else "lost at once",
+        # A chunk attempt 2 means the death first surfaced as something retryable (a 502 for
+        # the request the trainer died in, or a 404 while the plane still said RUNNING: a
+        # "route race"); train_chunk_retried_after says which.
+        "death_seen_as": "retried, then lost" if max(chunk_attempts) > 1 else "lost at once",
         # Per activity, in order (the warm-ups: the first start, then after the resume).
         "train_chunk_attempts": chunk_attempts,
+        "train_chunk_retried_after": [
+            a["retried_after"] for a in acts if a["name"] == "train_chunk" and "retried_after" in a
+        ],
         "warm_up_attempts": warm_attempts,
         "final_phase": status.phase.value,
         "final_step": status.step,
@@ -674,7 +681,7 @@ async def section_preemption(st: Stack, args: argparse.Namespace) -> dict[str, A
             "death_to_recovered_s": summary([r["death_to_recovered_s"] for r in runs]),
             "death_seen_as": {
                 k: sum(r["death_seen_as"] == k for r in runs)
-                for k in ("lost at once", "transient error, then retry")
+                for k in ("lost at once", "retried, then lost")
             },
             "target_s": RECOVERY_TARGET_S,
             "target_met": bool(beyond) and max(beyond) <= RECOVERY_TARGET_S,

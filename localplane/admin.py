@@ -32,14 +32,18 @@ class PlaneAdmin:
         await self._http.aclose()
 
     async def _call(self, method: str, path: str, body: Any = None, **params: Any) -> Any:
-        return await self._t.request(method, f"{self.base_url}/admin/v1{path}", json_body=body, params=params)
+        return await self._t.request(
+            method, f"{self.base_url}/admin/v1{path}", json_body=body, params=params
+        )
 
     # ---------------------------------------------------------------- faults
 
     async def faults(self) -> dict[str, Any]:
         return await self._call("GET", "/faults")
 
-    async def set_faults(self, patch: dict[str, Any] | None = None, **fields: Any) -> dict[str, Any]:
+    async def set_faults(
+        self, patch: dict[str, Any] | None = None, **fields: Any
+    ) -> dict[str, Any]:
         """Change the operating config; e.g. ``set_faults(capacity=2, gateway404Rate=0.1)``."""
         return await self._call("POST", "/faults", {**(patch or {}), **fields})
 
@@ -62,9 +66,14 @@ class PlaneAdmin:
     async def preempt(self, job: str, *, account: str | None = None) -> dict[str, Any]:
         return await self._call("POST", f"/rlorTrainerJobs/{job}:preempt", account=account)
 
-    async def stop(self, job: str, state: str, message: str = "", *, account: str | None = None) -> dict[str, Any]:
+    async def stop(
+        self, job: str, state: str, message: str = "", *, account: str | None = None
+    ) -> dict[str, Any]:
         return await self._call(
-            "POST", f"/rlorTrainerJobs/{job}:stop", {"state": state, "message": message}, account=account
+            "POST",
+            f"/rlorTrainerJobs/{job}:stop",
+            {"state": state, "message": message},
+            account=account,
         )
 
     async def job(self, job: str, *, account: str | None = None) -> dict[str, Any]:
@@ -75,7 +84,9 @@ class PlaneAdmin:
 
     async def create_account(self, account_id: str | None = None) -> tuple[str, str]:
         """A new account and its API key."""
-        body = await self._call("POST", "/accounts", {"accountId": account_id} if account_id else {})
+        body = await self._call(
+            "POST", "/accounts", {"accountId": account_id} if account_id else {}
+        )
         return body["account"]["name"].removeprefix("accounts/"), body["apiKey"]
 
     async def create_api_key(self, account_id: str) -> str:

@@ -116,14 +116,18 @@ class ControlPlaneFaults:
             await asyncio.sleep(plane.rng.uniform(cfg.latency_ms.min, cfg.latency_ms.max) / 1000.0)
         if cfg.outage is not None and cfg.outage.active(datetime.now(UTC)):
             plane.storage.incr("injected5xx")
-            await error_response(503, "UNAVAILABLE", "the control plane is unavailable (outage)")(scope, receive, send)
+            await error_response(503, "UNAVAILABLE", "the control plane is unavailable (outage)")(
+                scope, receive, send
+            )
             return
         if not cfg.control_plane_5xx_rate or plane.rng.random() >= cfg.control_plane_5xx_rate:
             await self.app(scope, receive, send)
             return
         plane.storage.incr("injected5xx")
         code = plane.rng.choice((500, 503))
-        failure = error_response(code, "INTERNAL" if code == 500 else "UNAVAILABLE", "injected control-plane failure")
+        failure = error_response(
+            code, "INTERNAL" if code == 500 else "UNAVAILABLE", "injected control-plane failure"
+        )
         mode = cfg.control_plane_5xx_mode
         after = mode == "after" or (mode == "mixed" and plane.rng.random() < 0.5)
         if after and not scope["path"].endswith(":watch"):
@@ -185,7 +189,9 @@ def create_app(plane: Plane) -> FastAPI:
     # ------------------------------------------------------------- accounts
 
     @v1.get("/accounts")
-    async def list_accounts(request: Request, who: Principal = Depends(principal)) -> dict[str, Any]:
+    async def list_accounts(
+        request: Request, who: Principal = Depends(principal)
+    ) -> dict[str, Any]:
         _page_size(request)
         if who.kind != "user":
             raise PermissionDenied("the admin key is for /admin/v1 only; use an account's API key")
@@ -204,7 +210,10 @@ def create_app(plane: Plane) -> FastAPI:
         size, offset = _page_size(request), _offset(request)
         recs = plane.storage.list_jobs(a, offset, size + 1)
         token = _token(offset + size) if len(recs) > size else ""
-        return {"rlorTrainerJobs": [plane.jobs.payload(r) for r in recs[:size]], "nextPageToken": token}
+        return {
+            "rlorTrainerJobs": [plane.jobs.payload(r) for r in recs[:size]],
+            "nextPageToken": token,
+        }
 
     @v1.get("/accounts/{a}/rlorTrainerJobs:watch")
     async def watch_jobs(request: Request, a: str = Depends(account_access)) -> EventSourceResponse:
@@ -213,7 +222,9 @@ def create_app(plane: Plane) -> FastAPI:
         try:
             after = plane.storage.last_event_seq() if raw is None else int(raw)
         except ValueError:
-            raise InvalidArgument(f"Last-Event-ID: {raw!r} must be an event id (an integer)") from None
+            raise InvalidArgument(
+                f"Last-Event-ID: {raw!r} must be an event id (an integer)"
+            ) from None
         job = request.query_params.get("rlorTrainerJobId") or None
 
         async def events() -> AsyncIterator[dict[str, Any]]:
@@ -237,7 +248,9 @@ def create_app(plane: Plane) -> FastAPI:
     # ---------------------------------------------------------- checkpoints
 
     @v1.get("/accounts/{a}/rlorTrainerJobs/{j}/checkpoints")
-    async def list_checkpoints(request: Request, rec: JobRecord = Depends(job_access)) -> dict[str, Any]:
+    async def list_checkpoints(
+        request: Request, rec: JobRecord = Depends(job_access)
+    ) -> dict[str, Any]:
         metas = ckpt.list_meta(plane.data_dir, rec.account_id, rec.job_id)
         page, token = paginate(request, metas)
         return {"checkpoints": [m.wire() for m in page], "nextPageToken": token}
@@ -255,7 +268,9 @@ def create_app(plane: Plane) -> FastAPI:
             plane.check_account(who, a)
 
     @v1.get("/accounts/{a}/trainingShapes/{s}/versions")
-    async def list_shape_versions(a: str, s: str, request: Request, who: Principal = Depends(principal)) -> dict[str, Any]:
+    async def list_shape_versions(
+        a: str, s: str, request: Request, who: Principal = Depends(principal)
+    ) -> dict[str, Any]:
         _shape_access(a, who)
         versions = catalog.versions(a, s)
         if not versions:
@@ -270,11 +285,15 @@ def create_app(plane: Plane) -> FastAPI:
         return {"trainingShapeVersions": [v.wire() for v in page], "nextPageToken": token}
 
     @v1.get("/accounts/{a}/trainingShapes/{s}/versions/{v}")
-    async def get_shape_version(a: str, s: str, v: str, who: Principal = Depends(principal)) -> dict[str, Any]:
+    async def get_shape_version(
+        a: str, s: str, v: str, who: Principal = Depends(principal)
+    ) -> dict[str, Any]:
         _shape_access(a, who)
         version = catalog.get(a, s, v)
         if version is None:
-            raise NotFound(f"training shape version accounts/{a}/trainingShapes/{s}/versions/{v} not found")
+            raise NotFound(
+                f"training shape version accounts/{a}/trainingShapes/{s}/versions/{v} not found"
+            )
         return version.wire()
 
     # ------------------------------------------------------------ promotion
@@ -300,7 +319,9 @@ def create_app(plane: Plane) -> FastAPI:
         methods=["GET", "POST", "PUT", "DELETE", "PATCH"],
         include_in_schema=False,
     )
-    async def gateway(a: str, j: str, path: str, request: Request, who: Principal = Depends(principal)) -> Any:
+    async def gateway(
+        a: str, j: str, path: str, request: Request, who: Principal = Depends(principal)
+    ) -> Any:
         plane.check_account(who, a)
         return await plane.gateway.forward(request, a, j, path)
 
@@ -384,7 +405,9 @@ def create_app(plane: Plane) -> FastAPI:
     @admin.post("/accounts")
     async def create_account(request: Request) -> dict[str, Any]:
         body = await json_body(request)
-        account_id, key = plane.create_account(body.get("accountId") if isinstance(body, dict) else None)
+        account_id, key = plane.create_account(
+            body.get("accountId") if isinstance(body, dict) else None
+        )
         return {"account": {"name": f"accounts/{account_id}"}, "apiKey": key}
 
     @admin.post("/accounts/{a}/apiKeys")
@@ -397,7 +420,12 @@ def create_app(plane: Plane) -> FastAPI:
     async def list_webhooks() -> dict[str, Any]:
         return {
             "webhooks": [
-                {"id": r["id"], "accountId": r["account_id"], "url": r["url"], "createTime": r["create_time"]}
+                {
+                    "id": r["id"],
+                    "accountId": r["account_id"],
+                    "url": r["url"],
+                    "createTime": r["create_time"],
+                }
                 for r in plane.storage.webhooks()
             ]
         }
@@ -427,4 +455,3 @@ def create_app(plane: Plane) -> FastAPI:
 
     app.include_router(admin)
     return app
-

@@ -64,16 +64,46 @@ def _snapshot(
 # Versions are listed oldest first; "latest validated" is the last validated one.
 _VERSIONS: list[ShapeVersion] = [
     # Local shapes: CPU-sized, for laptops and CI.
-    ShapeVersion("localplane", "tiny-cpu", "v1", True, _snapshot(image="local-0.1", context=4096, accelerator="CPU", count=1)),
-    ShapeVersion("localplane", "tiny-cpu", "v2", True, _snapshot(image="local-0.2", context=8192, accelerator="CPU", count=1)),
-    ShapeVersion("localplane", "tiny-cpu", "v3-rc", False, _snapshot(image="local-0.3-rc", context=16384, accelerator="CPU", count=1)),
-    ShapeVersion("localplane", "small-cpu", "v1", True, _snapshot(image="local-0.2", context=32768, accelerator="CPU", count=2)),
+    ShapeVersion(
+        "localplane",
+        "tiny-cpu",
+        "v1",
+        True,
+        _snapshot(image="local-0.1", context=4096, accelerator="CPU", count=1),
+    ),
+    ShapeVersion(
+        "localplane",
+        "tiny-cpu",
+        "v2",
+        True,
+        _snapshot(image="local-0.2", context=8192, accelerator="CPU", count=1),
+    ),
+    ShapeVersion(
+        "localplane",
+        "tiny-cpu",
+        "v3-rc",
+        False,
+        _snapshot(image="local-0.3-rc", context=16384, accelerator="CPU", count=1),
+    ),
+    ShapeVersion(
+        "localplane",
+        "small-cpu",
+        "v1",
+        True,
+        _snapshot(image="local-0.2", context=32768, accelerator="CPU", count=2),
+    ),
     ShapeVersion(
         "localplane",
         "tiny-cpu-forward-only",
         "v1",
         True,
-        _snapshot(image="local-0.2", context=8192, accelerator="CPU", count=1, mode="TRAINER_MODE_FORWARD_ONLY"),
+        _snapshot(
+            image="local-0.2",
+            context=8192,
+            accelerator="CPU",
+            count=1,
+            mode="TRAINER_MODE_FORWARD_ONLY",
+        ),
     ),
     # The hosted platform's documented examples.
     ShapeVersion(

@@ -96,7 +96,9 @@ class CheckpointMeta:
 
 def write_meta(data_dir: Path, meta: CheckpointMeta) -> None:
     blob = json.dumps(meta.__dict__, sort_keys=True).encode()
-    atomic_write(meta_path(data_dir, meta.account, meta.job, meta.checkpoint), lambda f: f.write(blob))
+    atomic_write(
+        meta_path(data_dir, meta.account, meta.job, meta.checkpoint), lambda f: f.write(blob)
+    )
 
 
 def read_meta(data_dir: Path, account: str, job: str, checkpoint: str) -> CheckpointMeta | None:

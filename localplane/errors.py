@@ -79,7 +79,9 @@ def error_response(code: int, status: str, message: str) -> JSONResponse:
     )
 
 
-def describe_validation_error(exc: ValidationError | RequestValidationError, prefix: str = "") -> str:
+def describe_validation_error(
+    exc: ValidationError | RequestValidationError, prefix: str = ""
+) -> str:
     """``trainingConfig.loraRank: Input should be a valid integer; ...`` — names every field."""
     parts = []
     for err in exc.errors():

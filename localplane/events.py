@@ -65,7 +65,9 @@ class EventBus:
         for hook in self._hooks.values():
             if hook.task:
                 hook.task.cancel()
-        await asyncio.gather(*(h.task for h in self._hooks.values() if h.task), return_exceptions=True)
+        await asyncio.gather(
+            *(h.task for h in self._hooks.values() if h.task), return_exceptions=True
+        )
         if self._http:
             await self._http.aclose()
 
@@ -107,7 +109,9 @@ class EventBus:
 
     # ------------------------------------------------------------- webhooks
 
-    def add_webhook(self, hook_id: str, account_id: str | None, url: str, secret: str, now: str) -> None:
+    def add_webhook(
+        self, hook_id: str, account_id: str | None, url: str, secret: str, now: str
+    ) -> None:
         self.storage.add_webhook(hook_id, account_id, url, secret, now)
         self._start_hook(hook_id, account_id, url, secret)
 
@@ -144,7 +148,9 @@ class EventBus:
                 reason = f"HTTP {response.status_code}"
             except httpx.HTTPError as exc:
                 reason = type(exc).__name__
-            log.warning("webhook.retry", hook=hook.id, event_id=event["id"], attempt=attempt, reason=reason)
+            log.warning(
+                "webhook.retry", hook=hook.id, event_id=event["id"], attempt=attempt, reason=reason
+            )
             await asyncio.sleep(min(5.0, 0.2 * 2 ** (attempt - 1)))
         self.storage.incr("webhookFailures")
         log.error("webhook.gave_up", hook=hook.id, event_id=event["id"])

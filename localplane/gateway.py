@@ -37,7 +37,12 @@ class Route:
 
 
 class Gateway:
-    def __init__(self, config: Callable[[], PlaneConfig], rng: random.Random, on_404: Callable[[str, str], None]) -> None:
+    def __init__(
+        self,
+        config: Callable[[], PlaneConfig],
+        rng: random.Random,
+        on_404: Callable[[str, str], None],
+    ) -> None:
         self._config = config
         self._rng = rng
         self._on_404 = on_404
@@ -97,7 +102,11 @@ class Gateway:
 
         async def send() -> httpx.Response:
             return await self._http.request(
-                request.method, f"{upstream}/{path}", params=request.query_params, content=body, headers=headers
+                request.method,
+                f"{upstream}/{path}",
+                params=request.query_params,
+                content=body,
+                headers=headers,
             )
 
         try:
@@ -117,7 +126,9 @@ class Gateway:
         except httpx.TimeoutException:
             return error_response(504, "DEADLINE_EXCEEDED", "the trainer did not answer in time")
         out_headers = {
-            k: v for k, v in answer.headers.items() if k.lower() not in _HOP_HEADERS | {"content-encoding"}
+            k: v
+            for k, v in answer.headers.items()
+            if k.lower() not in _HOP_HEADERS | {"content-encoding"}
         }
         out_headers["x-localplane-replica"] = str(replica)
         return Response(answer.content, status_code=answer.status_code, headers=out_headers)

@@ -43,7 +43,9 @@ TRAINER_START_TIMEOUT_S = 120.0
 STOP_GRACE_S = 3.0
 
 MSG_PREEMPTED = "trainer preempted: its node was reclaimed (spot preemption); resume the job to get a new trainer"
-MSG_RESTARTED = "trainer lost: the platform restarted while it was running; resume the job to get a new trainer"
+MSG_RESTARTED = (
+    "trainer lost: the platform restarted while it was running; resume the job to get a new trainer"
+)
 
 
 def now_rfc3339() -> str:
@@ -165,7 +167,9 @@ class JobService:
             out["trainingShapeRef"] = rec.training_shape_ref
         return out
 
-    def _transition(self, rec: JobRecord, state: JobState, message: str, *, code: str = "OK") -> None:
+    def _transition(
+        self, rec: JobRecord, state: JobState, message: str, *, code: str = "OK"
+    ) -> None:
         # A record not yet transitioned (no update time) is being created: no previous state.
         previous = rec.state if rec.update_time else None
         rec.state = state
@@ -186,7 +190,13 @@ class JobService:
                 "job": self.payload(rec),
             },
         )
-        log.info("job.state", job=rec.name, state=state.short, previous=previous.short if previous else None, message=message)
+        log.info(
+            "job.state",
+            job=rec.name,
+            state=state.short,
+            previous=previous.short if previous else None,
+            message=message,
+        )
 
     def _count(self, name: str, rec: JobRecord | None = None, by: int = 1) -> None:
         self.storage.incr(name, "", by)
@@ -232,7 +242,9 @@ class JobService:
     def resume(self, account: str, job_id: str) -> dict[str, Any]:
         rec = self.require(account, job_id)
         if not rec.state.is_resumable():
-            allowed = ", ".join(s.short for s in sorted(JobState, key=list(JobState).index) if s.is_resumable())
+            allowed = ", ".join(
+                s.short for s in sorted(JobState, key=list(JobState).index) if s.is_resumable()
+            )
             raise FailedPrecondition(
                 f"rlorTrainerJob {rec.name} is {rec.state.value}; resume is only allowed from {allowed}"
             )
@@ -263,7 +275,9 @@ class JobService:
     def preempt(self, rec: JobRecord) -> dict[str, Any]:
         trainer = self.trainers.get((rec.account_id, rec.job_id))
         if trainer is None or not rec.state.holds_trainer():
-            raise FailedPrecondition(f"rlorTrainerJob {rec.name} is {rec.state.value}: no trainer to preempt")
+            raise FailedPrecondition(
+                f"rlorTrainerJob {rec.name} is {rec.state.value}: no trainer to preempt"
+            )
         self._count("preemptions", rec)
         trainer.intent = "preempt"
         if trainer.process and trainer.process.returncode is None:
@@ -273,7 +287,13 @@ class JobService:
     def stop_as(self, rec: JobRecord, state: JobState, message: str) -> dict[str, Any]:
         """Stop a job's trainer the way the platform would (user cancel on the console,
         platform pause, completion) and leave the job in ``state``."""
-        allowed = {JobState.CANCELLED, JobState.PAUSED, JobState.COMPLETED, JobState.IDLE, JobState.FAILED}
+        allowed = {
+            JobState.CANCELLED,
+            JobState.PAUSED,
+            JobState.COMPLETED,
+            JobState.IDLE,
+            JobState.FAILED,
+        }
         if state not in allowed:
             raise FailedPrecondition("state: must be one of " + ", ".join(s.value for s in allowed))
         trainer = self.trainers.get((rec.account_id, rec.job_id))
@@ -364,7 +384,8 @@ class JobService:
             t.process.kill()
         watchdog = self._spawn(self._start_watchdog(t))
         assert t.process.stdout is not None
-        with open(run_dir / "trainer.log", "ab") as log_file:
+        # A local append-only file: a blocking open here costs microseconds.
+        with open(run_dir / "trainer.log", "ab") as log_file:  # noqa: ASYNC230
             async for line in t.process.stdout:
                 log_file.write(line)
                 log_file.flush()
@@ -437,7 +458,11 @@ class JobService:
             return
         if code == EXIT_IDLE:
             timeout = rec.spec["inactivityTimeout"]
-            self._transition(rec, JobState.IDLE, f"trainer stopped after {timeout} of inactivity; resume the job to continue")
+            self._transition(
+                rec,
+                JobState.IDLE,
+                f"trainer stopped after {timeout} of inactivity; resume the job to continue",
+            )
             return
         if t.intent == "preempt":
             message, status = MSG_PREEMPTED, "UNAVAILABLE"
@@ -451,12 +476,21 @@ class JobService:
         if settle > 0 and rec.state is JobState.RUNNING:
             # The hosted platform takes a while to notice; clients must tolerate this.
             self._transition(rec, JobState.CREATING, "trainer lost; the platform is reconciling")
-            self._spawn(self._settle(rec.account_id, rec.job_id, rec.generation, settle, message, status))
+            self._spawn(
+                self._settle(rec.account_id, rec.job_id, rec.generation, settle, message, status)
+            )
             return
         self._transition(rec, JobState.FAILED, message, code=status)
 
-    async def _settle(self, account: str, job: str, generation: int, delay: float, message: str, status: str) -> None:
+    async def _settle(
+        self, account: str, job: str, generation: int, delay: float, message: str, status: str
+    ) -> None:
         await asyncio.sleep(delay)
         rec = self.storage.get_job(account, job)
-        if rec and rec.generation == generation and rec.state is JobState.CREATING and (account, job) not in self.trainers:
+        if (
+            rec
+            and rec.generation == generation
+            and rec.state is JobState.CREATING
+            and (account, job) not in self.trainers
+        ):
             self._transition(rec, JobState.FAILED, message, code=status)

@@ -59,7 +59,12 @@ class Plane:
         self.events = EventBus(self.storage)
         self.gateway = Gateway(lambda: self.config, self.rng, self._on_route_404)
         self.jobs = JobService(
-            self.storage, self.events, self.gateway, self.data_dir, lambda: self.config, self.keys_file
+            self.storage,
+            self.events,
+            self.gateway,
+            self.data_dir,
+            lambda: self.config,
+            self.keys_file,
         )
         self.promotion = PromotionService(self.storage, self.data_dir, lambda: self.config)
         self.api_key, self.admin_key = self._ensure_keys()
@@ -113,7 +118,9 @@ class Plane:
     def create_account(self, account_id: str | None) -> tuple[str, str]:
         account_id = account_id or f"acct-{secrets.token_hex(4)}"
         if not rules.ACCOUNT_ID_RE.match(account_id):
-            raise InvalidArgument(f"accountId: {account_id!r} must be 1-63 characters of a-z, 0-9 and '-'")
+            raise InvalidArgument(
+                f"accountId: {account_id!r} must be 1-63 characters of a-z, 0-9 and '-'"
+            )
         self.storage.ensure_account(account_id, now_rfc3339())
         return account_id, self.add_key(account_id)
 

@@ -38,7 +38,10 @@ class PlaneProcess:
         self.admin_key = admin_key or ""
         self._given_keys = {
             k: v
-            for k, v in (("SHEPHERD_PLANE_API_KEY", api_key), ("SHEPHERD_PLANE_ADMIN_KEY", admin_key))
+            for k, v in (
+                ("SHEPHERD_PLANE_API_KEY", api_key),
+                ("SHEPHERD_PLANE_ADMIN_KEY", admin_key),
+            )
             if v
         }
         self.config = config or {}
@@ -52,21 +55,31 @@ class PlaneProcess:
         ready.unlink(missing_ok=True)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         cmd = [
-            sys.executable, "-m", "shepherd.cli.main", "plane",
-            "--port", str(self.port),
-            "--data-dir", str(self.data_dir),
-            "--ready-file", str(ready),
-            "--config", json.dumps(self.config),
+            sys.executable,
+            "-m",
+            "shepherd.cli.main",
+            "plane",
+            "--port",
+            str(self.port),
+            "--data-dir",
+            str(self.data_dir),
+            "--ready-file",
+            str(ready),
+            "--config",
+            json.dumps(self.config),
         ]
         env = {k: v for k, v in os.environ.items() if not k.startswith("SHEPHERD_PLANE_")}
         env.update(SHEPHERD_LOG_FORMAT="json", **self._given_keys, **self.env)
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL)
-        log.close()
+        with open(self.log_path, "ab") as log:  # the child keeps its own copy of the fd
+            self.proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL
+            )
         deadline = time.monotonic() + READY_TIMEOUT_S
         while not ready.exists():
             if self.proc.poll() is not None:
-                raise RuntimeError(f"localplane exited with {self.proc.returncode}; see {self.log_path}")
+                raise RuntimeError(
+                    f"localplane exited with {self.proc.returncode}; see {self.log_path}"
+                )
             if time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"localplane did not become ready; see {self.log_path}")

@@ -44,7 +44,12 @@ class _PromoteIn(BaseModel):
     def parse(cls, body: Any) -> _PromoteIn:
         if not isinstance(body, dict):
             raise InvalidArgument("request body must be a JSON object")
-        aliases = {"outputModel": "output_model", "trainerJobId": "trainer_job_id", "baseModel": "base_model", "asyncPromotion": "async_promotion"}
+        aliases = {
+            "outputModel": "output_model",
+            "trainerJobId": "trainer_job_id",
+            "baseModel": "base_model",
+            "asyncPromotion": "async_promotion",
+        }
         normalized = {aliases.get(k, k): v for k, v in body.items()}
         try:
             return cls.model_validate(normalized)
@@ -78,7 +83,9 @@ class PromotionService:
         if not req.output_model:
             problems.append("output_model: is required, as accounts/<account>/models/<model>")
         elif not m:
-            problems.append(f"output_model: {req.output_model!r} must be accounts/<account>/models/<model>")
+            problems.append(
+                f"output_model: {req.output_model!r} must be accounts/<account>/models/<model>"
+            )
         elif m["account"] != account:
             problems.append(f"output_model: must be a model of account {account}")
         elif p := rules.check_resource_id(m["model"]):
@@ -88,7 +95,9 @@ class PromotionService:
         job_id = req.trainer_job_id
         jm = rules.JOB_NAME_RE.match(job_id)
         if not job_id:
-            problems.append("trainer_job_id: is required, as accounts/<account>/rlorTrainerJobs/<job>")
+            problems.append(
+                "trainer_job_id: is required, as accounts/<account>/rlorTrainerJobs/<job>"
+            )
         elif jm:
             if jm["account"] != account:
                 problems.append(f"trainer_job_id: must be a job of account {account}")
@@ -103,15 +112,19 @@ class PromotionService:
             raise NotFound(f"rlorTrainerJob accounts/{account}/rlorTrainerJobs/{job_id} not found")
         meta = ckpt.read_meta(self.data_dir, account, job_id, checkpoint_id)
         if meta is None:
-            raise NotFound(f"checkpoint accounts/{account}/rlorTrainerJobs/{job_id}/checkpoints/{checkpoint_id} not found")
+            raise NotFound(
+                f"checkpoint accounts/{account}/rlorTrainerJobs/{job_id}/checkpoints/{checkpoint_id} not found"
+            )
         if not ckpt.CHECKPOINT_TYPES[meta.kind][1]:
-            raise FailedPrecondition(f"checkpoint {meta.name} is not promotable ({ckpt.CHECKPOINT_TYPES[meta.kind][0]})")
+            raise FailedPrecondition(
+                f"checkpoint {meta.name} is not promotable ({ckpt.CHECKPOINT_TYPES[meta.kind][0]})"
+            )
         if req.base_model and req.base_model != meta.base_model:
             raise InvalidArgument(
                 f"base_model: {req.base_model!r} does not match the checkpoint's base model {meta.base_model!r}"
             )
 
-        model = {
+        model: dict[str, Any] = {
             "name": f"accounts/{account}/models/{model_id}",
             "state": "UPLOADING",
             "kind": "HF_PEFT_ADDON" if meta.lora_rank else "HF_BASE_MODEL",
@@ -122,11 +135,17 @@ class PromotionService:
             "weightsDigest": meta.digest,
         }
         if meta.lora_rank:
-            model["peftDetails"] = {"baseModel": meta.base_model, "r": meta.lora_rank, "targetModules": ["w1", "w2"]}
+            model["peftDetails"] = {
+                "baseModel": meta.base_model,
+                "r": meta.lora_rank,
+                "targetModules": ["w1", "w2"],
+            }
         if not self.storage.put_model(account, model_id, model, create=True):
             raise AlreadyExists(f"model accounts/{account}/models/{model_id} already exists")
         op_id = f"promote-{secrets.token_hex(6)}"
-        self.storage.insert_operation(account, op_id, model_id, {"checkpoint": meta.name}, model["createTime"])
+        self.storage.insert_operation(
+            account, op_id, model_id, {"checkpoint": meta.name}, model["createTime"]
+        )
         delay = self._config().promotion_seconds if req.async_promotion else 0.0
         if delay > 0:
             task = asyncio.get_running_loop().create_task(self._finish_later(account, op_id, delay))
@@ -156,7 +175,13 @@ class PromotionService:
             model["state"] = "FAILED"
             self.storage.put_model(account, model_id, model, create=False)
             self.storage.finish_operation(
-                account, op_id, {"code": 404, "status": "NOT_FOUND", "message": f"checkpoint {model['checkpoint']} was deleted before promotion finished"}
+                account,
+                op_id,
+                {
+                    "code": 404,
+                    "status": "NOT_FOUND",
+                    "message": f"checkpoint {model['checkpoint']} was deleted before promotion finished",
+                },
             )
             return
         ckpt.copy_data(src, self.data_dir / "models" / account / model_id / "weights.npz")
@@ -176,7 +201,10 @@ class PromotionService:
         row = self.storage.get_operation(account, op_id)
         if row is None:
             raise NotFound(f"operation accounts/{account}/operations/{op_id} not found")
-        out: dict[str, Any] = {"name": f"accounts/{account}/operations/{op_id}", "done": bool(row["done"])}
+        out: dict[str, Any] = {
+            "name": f"accounts/{account}/operations/{op_id}",
+            "done": bool(row["done"]),
+        }
         if row["done"]:
             if row["error"]:
                 out["error"] = json.loads(row["error"])

@@ -29,13 +29,20 @@ def serve(settings: PlaneSettings, *, announce: bool = True) -> None:
         log.info("plane.ready", url=url, data_dir=str(plane.data_dir), account=settings.account_id)
         if settings.ready_file:
             tmp = settings.ready_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"url": url, "port": port, "pid": os.getpid(), "accountId": settings.account_id}))
+            tmp.write_text(
+                json.dumps(
+                    {"url": url, "port": port, "pid": os.getpid(), "accountId": settings.account_id}
+                )
+            )
             os.replace(tmp, settings.ready_file)
         if announce:
-            print(f"localplane serving at {url}  (account: {settings.account_id})", file=sys.stdout)
+            print(f"localplane serving at {url}  (account: {settings.account_id})", file=sys.stdout)  # noqa: T201 - for the person who started it
             if settings.api_key is None:
                 # Printed for the developer's convenience, never logged.
-                print(f"dev API key: {plane.api_key}  (also in {plane.data_dir / API_KEY_FILE})", file=sys.stdout)
+                print(  # noqa: T201
+                    f"dev API key: {plane.api_key}  (also in {plane.data_dir / API_KEY_FILE})",
+                    file=sys.stdout,
+                )
             sys.stdout.flush()
 
     config = uvicorn.Config(

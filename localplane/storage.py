@@ -155,10 +155,15 @@ class Storage:
     # ------------------------------------------------------------ accounts
 
     def ensure_account(self, account_id: str, now: str) -> None:
-        self.db.execute("INSERT OR IGNORE INTO accounts(id, create_time) VALUES (?, ?)", (account_id, now))
+        self.db.execute(
+            "INSERT OR IGNORE INTO accounts(id, create_time) VALUES (?, ?)", (account_id, now)
+        )
 
     def account_exists(self, account_id: str) -> bool:
-        return self.db.execute("SELECT 1 FROM accounts WHERE id = ?", (account_id,)).fetchone() is not None
+        return (
+            self.db.execute("SELECT 1 FROM accounts WHERE id = ?", (account_id,)).fetchone()
+            is not None
+        )
 
     def add_key(self, key: str, account_id: str | None, kind: str, now: str) -> None:
         self.db.execute(
@@ -221,7 +226,9 @@ class Storage:
 
     def set_pid(self, account_id: str, job_id: str, pid: int | None) -> None:
         """Only the pid: the rest of the row may have moved on since the caller read it."""
-        self.db.execute("UPDATE jobs SET pid = ? WHERE account_id = ? AND job_id = ?", (pid, account_id, job_id))
+        self.db.execute(
+            "UPDATE jobs SET pid = ? WHERE account_id = ? AND job_id = ?", (pid, account_id, job_id)
+        )
 
     def get_job(self, account_id: str, job_id: str) -> JobRecord | None:
         row = self.db.execute(
@@ -256,11 +263,14 @@ class Storage:
 
     def get_model(self, account_id: str, model_id: str) -> dict[str, Any] | None:
         row = self.db.execute(
-            "SELECT payload FROM models WHERE account_id = ? AND model_id = ?", (account_id, model_id)
+            "SELECT payload FROM models WHERE account_id = ? AND model_id = ?",
+            (account_id, model_id),
         ).fetchone()
         return json.loads(row["payload"]) if row else None
 
-    def put_model(self, account_id: str, model_id: str, payload: dict[str, Any], *, create: bool) -> bool:
+    def put_model(
+        self, account_id: str, model_id: str, payload: dict[str, Any], *, create: bool
+    ) -> bool:
         """Insert (``create``: False if the id is taken) or replace a model."""
         verb = "INSERT OR IGNORE" if create else "INSERT OR REPLACE"
         cur = self.db.execute(
@@ -271,7 +281,9 @@ class Storage:
 
     # ---------------------------------------------------------- operations
 
-    def insert_operation(self, account_id: str, op_id: str, model_id: str, request: dict[str, Any], now: str) -> None:
+    def insert_operation(
+        self, account_id: str, op_id: str, model_id: str, request: dict[str, Any], now: str
+    ) -> None:
         self.db.execute(
             "INSERT INTO operations(account_id, op_id, model_id, request, create_time) VALUES (?, ?, ?, ?, ?)",
             (account_id, op_id, model_id, json.dumps(request), now),
@@ -295,14 +307,17 @@ class Storage:
 
     def append_event(self, account_id: str, job_id: str, payload: dict[str, Any]) -> int:
         cur = self.db.execute(
-            "INSERT INTO events(account_id, job_id, payload) VALUES (?, ?, '')", (account_id, job_id)
+            "INSERT INTO events(account_id, job_id, payload) VALUES (?, ?, '')",
+            (account_id, job_id),
         )
         seq = int(cur.lastrowid or 0)
         payload["id"] = seq
         self.db.execute("UPDATE events SET payload = ? WHERE seq = ?", (json.dumps(payload), seq))
         return seq
 
-    def events_after(self, account_id: str, seq: int, job_id: str | None = None) -> list[dict[str, Any]]:
+    def events_after(
+        self, account_id: str, seq: int, job_id: str | None = None
+    ) -> list[dict[str, Any]]:
         if job_id:
             rows = self.db.execute(
                 "SELECT payload FROM events WHERE account_id = ? AND seq > ? AND job_id = ? ORDER BY seq",
@@ -310,7 +325,8 @@ class Storage:
             )
         else:
             rows = self.db.execute(
-                "SELECT payload FROM events WHERE account_id = ? AND seq > ? ORDER BY seq", (account_id, seq)
+                "SELECT payload FROM events WHERE account_id = ? AND seq > ? ORDER BY seq",
+                (account_id, seq),
             )
         return [json.loads(r["payload"]) for r in rows]
 
@@ -349,7 +365,9 @@ class Storage:
 
     # ------------------------------------------------------------ webhooks
 
-    def add_webhook(self, hook_id: str, account_id: str | None, url: str, secret: str, now: str) -> None:
+    def add_webhook(
+        self, hook_id: str, account_id: str | None, url: str, secret: str, now: str
+    ) -> None:
         self.db.execute(
             "INSERT INTO webhooks(id, account_id, url, secret, create_time) VALUES (?, ?, ?, ?, ?)",
             (hook_id, account_id, url, secret, now),

@@ -124,7 +124,9 @@ def validate_create(query: dict[str, str], body: Any, data_dir: Path) -> ValidCr
         else:
             shape = catalog.latest_validated(m["account"], m["shape"])
             if shape is None:
-                problems.append(f"trainingShape: {shape_ref} does not exist or has no validated version")
+                problems.append(
+                    f"trainingShape: {shape_ref} does not exist or has no validated version"
+                )
 
     try:
         req = CreateIn.model_validate(body)
@@ -138,14 +140,23 @@ def validate_create(query: dict[str, str], body: Any, data_dir: Path) -> ValidCr
     if p := rules.check_lora_rank(tc.lora_rank):
         problems.append(f"trainingConfig.loraRank: {p}")
     if not math.isfinite(tc.learning_rate) or tc.learning_rate < 0:
-        problems.append("trainingConfig.learningRate: must be a finite number >= 0 (0 uses the default)")
-    if tc.max_context_length is not None and not 0 < tc.max_context_length <= rules.MAX_CONTEXT_LENGTH:
-        problems.append(f"trainingConfig.maxContextLength: must be in [1, {rules.MAX_CONTEXT_LENGTH}]")
+        problems.append(
+            "trainingConfig.learningRate: must be a finite number >= 0 (0 uses the default)"
+        )
+    if (
+        tc.max_context_length is not None
+        and not 0 < tc.max_context_length <= rules.MAX_CONTEXT_LENGTH
+    ):
+        problems.append(
+            f"trainingConfig.maxContextLength: must be in [1, {rules.MAX_CONTEXT_LENGTH}]"
+        )
     if req.display_name is not None and (p := rules.check_display_name(req.display_name)):
         problems.append(f"displayName: {p}")
     if not req.service_mode:
         problems.append("serviceMode: localplane runs service-mode trainers only; set it to true")
-    if req.inactivity_timeout is not None and (p := rules.check_inactivity_timeout(req.inactivity_timeout)):
+    if req.inactivity_timeout is not None and (
+        p := rules.check_inactivity_timeout(req.inactivity_timeout)
+    ):
         problems.append(f"inactivityTimeout: {p}")
     if req.trainer_replica_count is not None and not 1 <= req.trainer_replica_count <= 8:
         problems.append("trainerReplicaCount: must be in [1, 8]")
@@ -162,7 +173,9 @@ def validate_create(query: dict[str, str], body: Any, data_dir: Path) -> ValidCr
             ("nodeCount", req.node_count),
         ):
             if value is not None:
-                problems.append(f"{field_name}: must not be set when trainingShape is given (the shape decides it)")
+                problems.append(
+                    f"{field_name}: must not be set when trainingShape is given (the shape decides it)"
+                )
         if shape is not None and tc.max_context_length is not None and not skip:
             limit = shape.snapshot["maxSupportedContextLength"]
             if tc.max_context_length > limit:
@@ -170,7 +183,9 @@ def validate_create(query: dict[str, str], body: Any, data_dir: Path) -> ValidCr
                     f"trainingConfig.maxContextLength: {tc.max_context_length} exceeds the shape's maxSupportedContextLength {limit}"
                 )
     else:
-        if tc.accelerator_type is not None and (p := rules.check_accelerator_type(tc.accelerator_type)):
+        if tc.accelerator_type is not None and (
+            p := rules.check_accelerator_type(tc.accelerator_type)
+        ):
             problems.append(f"trainingConfig.acceleratorType: {p}")
         if tc.accelerator_count is not None and not 1 <= tc.accelerator_count <= 64:
             problems.append("trainingConfig.acceleratorCount: must be in [1, 64]")
@@ -220,7 +235,8 @@ def validate_create(query: dict[str, str], body: Any, data_dir: Path) -> ValidCr
         "hotLoadDeploymentId": req.hot_load_deployment_id or deployment_id or "",
         "forwardOnly": forward_only,
         "preemptible": req.preemptible,
-        "inactivityTimeout": req.inactivity_timeout or rules.format_duration(rules.DEFAULT_INACTIVITY_TIMEOUT_S),
+        "inactivityTimeout": req.inactivity_timeout
+        or rules.format_duration(rules.DEFAULT_INACTIVITY_TIMEOUT_S),
         "trainerReplicaCount": req.trainer_replica_count or 1,
     }
     return ValidCreate(job_id=job_id, spec=spec, shape=shape, trainer_options=options)

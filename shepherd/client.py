@@ -38,8 +38,15 @@ from shepherd.models import CheckpointRecord, JobStatus, PauseRequest, PauseResu
 from shepherd.phases import Phase
 from shepherd.platform import rules
 from shepherd.schedules import Schedules
+from shepherd.spec import (
+    JobSpec,
+    SpecError,
+    SpecProblem,
+    apply_override,
+    load_spec_data,
+    validate_spec,
+)
 from shepherd.sweep import SweepInput, SweepSpec, SweepStatus, load_sweep, validate_sweep
-from shepherd.spec import JobSpec, SpecError, SpecProblem, apply_override, load_spec_data, validate_spec
 from shepherd.temporal import TemporalSettings, connect
 
 
@@ -91,7 +98,10 @@ def _quote(value: str) -> str:
 
 
 def list_query(
-    *, labels: Mapping[str, str] | None = None, phase: Phase | str | None = None, name: str | None = None
+    *,
+    labels: Mapping[str, str] | None = None,
+    phase: Phase | str | None = None,
+    name: str | None = None,
 ) -> str:
     """A visibility query over Shepherd's search attributes (also usable in the Web UI)."""
     clauses = ['WorkflowType = "TrainingJob"']
@@ -105,7 +115,8 @@ def list_query(
 
 
 def load_job_spec(
-    spec: JobSpec | Mapping[str, Any] | str | Path, overrides: list[str] | Mapping[str, Any] | None = None
+    spec: JobSpec | Mapping[str, Any] | str | Path,
+    overrides: list[str] | Mapping[str, Any] | None = None,
 ) -> JobSpec:
     """A validated spec from a model, a mapping or a YAML/JSON path, with ``path.to.field=value``
     overrides (a list of strings, or a mapping of dotted paths to values)."""
@@ -170,7 +181,14 @@ class JobHandle:
         try:
             while True:
                 status = await self.status()
-                key = (status.phase, status.step, status.platform_state, len(status.recoveries), status.paused_checkpoint, status.model)
+                key = (
+                    status.phase,
+                    status.step,
+                    status.platform_state,
+                    len(status.recoveries),
+                    status.paused_checkpoint,
+                    status.model,
+                )
                 if key != last:
                     last = key
                     yield status
@@ -185,11 +203,15 @@ class JobHandle:
 
     async def pause(self, reason: str = "") -> PauseResult:
         """Checkpoint, give the trainer back, wait. Returns the checkpoint saved."""
-        return await self._handle.execute_update("request_pause", PauseRequest(reason=reason), result_type=PauseResult)
+        return await self._handle.execute_update(
+            "request_pause", PauseRequest(reason=reason), result_type=PauseResult
+        )
 
     async def resume(self, checkpoint: str | None = None) -> JobStatus:
         """A new trainer, loaded from ``checkpoint`` (default: the one saved at pause)."""
-        return await self._handle.execute_update("request_resume", ResumeRequest(checkpoint=checkpoint), result_type=JobStatus)
+        return await self._handle.execute_update(
+            "request_resume", ResumeRequest(checkpoint=checkpoint), result_type=JobStatus
+        )
 
     async def cancel(self, reason: str = "") -> None:
         """Cancel; the trainer is still deleted and checkpoints are kept."""
@@ -215,7 +237,14 @@ class JobHandle:
         if checkpoint is not None and not rules.CHECKPOINT_NAME_RE.match(checkpoint):
             known = {c.name.rsplit("/", 1)[-1]: c.name for c in status.checkpoints}
             if checkpoint not in known:
-                raise SpecError([SpecProblem(field="from_checkpoint", rule=f"{checkpoint!r} is not a checkpoint of {self.id}")])
+                raise SpecError(
+                    [
+                        SpecProblem(
+                            field="from_checkpoint",
+                            rule=f"{checkpoint!r} is not a checkpoint of {self.id}",
+                        )
+                    ]
+                )
             checkpoint = known[checkpoint]
         data = spec.model_dump(mode="json")
         data["training"]["resume_from"] = checkpoint
@@ -307,7 +336,10 @@ class Shepherd:
             task_queue=task_queue or spec.base.scheduling.queue or self.task_queue,
             result_type=SweepStatus,
             search_attributes=TypedSearchAttributes(
-                [SearchAttributePair(sa.JOB_NAME, spec.name), SearchAttributePair(sa.LABELS, spec.base.label_keywords())]
+                [
+                    SearchAttributePair(sa.JOB_NAME, spec.name),
+                    SearchAttributePair(sa.LABELS, spec.base.label_keywords()),
+                ]
             ),
             static_summary=f"sweep {spec.name}: {spec.method} over {', '.join(sorted(spec.parameters))}, "
             f"{spec.max_trials} trials x{spec.parallelism}, {spec.goal} {spec.metric}",

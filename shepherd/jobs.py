@@ -26,7 +26,11 @@ def job_workflow_id(name: str) -> str:
 
 def static_summary(spec: JobSpec) -> str:
     shape = spec.trainer.training_shape or "manual"
-    promote = f"promote {spec.output.promote} -> {spec.output.model_id}" if spec.output.promote != "none" else "no promotion"
+    promote = (
+        f"promote {spec.output.promote} -> {spec.output.model_id}"
+        if spec.output.promote != "none"
+        else "no promotion"
+    )
     labels = ", ".join(spec.label_keywords()) or "none"
     return (
         f"{spec.name}: {spec.training.total_steps} steps of {spec.trainer.base_model} "

@@ -40,7 +40,9 @@ def configure_logging(*, json: bool | None = None, level: str | int | None = Non
     structlog.configure(
         processors=[
             *_SHARED,
-            structlog.processors.format_exc_info if json else structlog.processors.ExceptionPrettyPrinter(),
+            structlog.processors.format_exc_info
+            if json
+            else structlog.processors.ExceptionPrettyPrinter(),
             structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
         ],
         logger_factory=structlog.stdlib.LoggerFactory(),

@@ -96,8 +96,10 @@ def load_loop(ref: str) -> TrainingLoop:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise LoopLoadError(f"training.loop: cannot import {module_name!r} on this worker ({exc})") from None
+        raise LoopLoadError(
+            f"training.loop: cannot import {module_name!r} on this worker ({exc})"
+        ) from None
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise LoopLoadError(f"training.loop: {module_name!r} has no callable {attr!r}")
-    return fn  # type: ignore[no-any-return]
+    return fn

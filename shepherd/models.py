@@ -101,6 +101,9 @@ class ChunkResult(Model):
     #: Steps this chunk found already applied (a retried attempt, or work redone).
     steps_skipped: int = 0
     route_races: int = 0
+    #: Cancelled before ``last_step`` (a pause, or a death the workflow heard of first):
+    #: ``last_step`` is the last step really applied.
+    partial: bool = False
 
 
 class SaveCheckpointInput(Model):
@@ -267,12 +270,18 @@ class JobStatus(Model):
             parts.append(f"{self.eval_metric} {self.eval_value:.4f}")
         lines = [" · ".join(parts)]
         if self.trainer_job_id:
-            lines.append(f"trainer `{self.trainer_job_id}` ({(self.platform_state or '?').removeprefix('JOB_STATE_')})")
+            lines.append(
+                f"trainer `{self.trainer_job_id}` ({(self.platform_state or '?').removeprefix('JOB_STATE_')})"
+            )
         if self.best:
-            lines.append(f"best checkpoint: {self.best.name.rsplit('/', 1)[-1]} (step {self.best.step})")
+            lines.append(
+                f"best checkpoint: {self.best.name.rsplit('/', 1)[-1]} (step {self.best.step})"
+            )
         if self.recoveries:
             last = self.recoveries[-1]
-            lines.append(f"recoveries: {len(self.recoveries)} (last: {last.reason} at step {last.at_step})")
+            lines.append(
+                f"recoveries: {len(self.recoveries)} (last: {last.reason} at step {last.at_step})"
+            )
         if self.model:
             lines.append(f"model: {self.model.name}")
         if self.error:
@@ -295,6 +304,10 @@ class JobInput(Model):
     parent_workflow_id: str | None = None
     #: The spec holds ``{scheduled_time:...}`` templates to fill with the run's scheduled time.
     templated: bool = False
+    #: Keep Shepherd's search attributes up to date. Off only for a namespace where they are
+    #: not registered (upserting one would fail every workflow task); such jobs cannot be
+    #: found by phase or label.
+    search_attributes: bool = True
     #: A parent (a sweep) that wants each evaluated checkpoint as a ``trial_progress`` signal.
     report_progress_to: str | None = None
     #: State carried across continue-as-new (None on a fresh start).

@@ -76,7 +76,9 @@ def schedule_id(name: str) -> str:
 
 def _check_name(name: str) -> None:
     if not NAME_RE.match(name):
-        raise SpecError([SpecProblem(field="schedule name", rule="must be 1-40 characters of a-z, 0-9 and '-'")])
+        raise SpecError(
+            [SpecProblem(field="schedule name", rule="must be 1-40 characters of a-z, 0-9 and '-'")]
+        )
 
 
 def prepare_template(spec: JobSpec, name: str) -> JobSpec:
@@ -122,11 +124,15 @@ class Schedules:
     ) -> ScheduleInfo:
         _check_name(name)
         if not cron and every is None:
-            raise SpecError([SpecProblem(field="schedule", rule="give --cron EXPR or --every DURATION")])
+            raise SpecError(
+                [SpecProblem(field="schedule", rule="give --cron EXPR or --every DURATION")]
+            )
         if every is not None and every < timedelta(seconds=1):
             raise SpecError([SpecProblem(field="every", rule="must be at least 1s")])
         if overlap not in OVERLAP:
-            raise SpecError([SpecProblem(field="overlap", rule="must be one of " + ", ".join(OVERLAP))])
+            raise SpecError(
+                [SpecProblem(field="overlap", rule="must be one of " + ", ".join(OVERLAP))]
+            )
         template = prepare_template(spec, name)
         attrs = TypedSearchAttributes(
             [
@@ -151,8 +157,13 @@ class Schedules:
                 intervals=[ScheduleIntervalSpec(every=every)] if every else [],
                 jitter=jitter,
             ),
-            policy=SchedulePolicy(overlap=OVERLAP[overlap], catchup_window=catchup_window or timedelta(minutes=1)),
-            state=ScheduleState(paused=paused, note=note or f"created by shepherd: {_describe_spec(cron or [], every)}"),
+            policy=SchedulePolicy(
+                overlap=OVERLAP[overlap], catchup_window=catchup_window or timedelta(minutes=1)
+            ),
+            state=ScheduleState(
+                paused=paused,
+                note=note or f"created by shepherd: {_describe_spec(cron or [], every)}",
+            ),
         )
         try:
             await self.client.create_schedule(schedule_id(name), schedule)
@@ -198,10 +209,14 @@ class Schedules:
             name=name,
             schedule_id=desc.id,
             job=job,
-            spec=_describe_spec(list(spec.cron_expressions), spec.intervals[0].every if spec.intervals else None),
+            spec=_describe_spec(
+                list(spec.cron_expressions), spec.intervals[0].every if spec.intervals else None
+            ),
             paused=desc.schedule.state.paused,
             note=desc.schedule.state.note or "",
-            overlap=desc.schedule.policy.overlap.name.lower() if desc.schedule.policy.overlap else "",
+            overlap=desc.schedule.policy.overlap.name.lower()
+            if desc.schedule.policy.overlap
+            else "",
             next_runs=list(desc.info.next_action_times[:5]),
             recent_runs=runs,
             running=[getattr(r, "workflow_id", "") for r in desc.info.running_actions],
@@ -227,11 +242,15 @@ class Schedules:
     async def trigger(self, name: str, overlap: Overlap | None = None) -> None:
         await self.handle(name).trigger(overlap=OVERLAP[overlap] if overlap else None)
 
-    async def backfill(self, name: str, start: datetime, end: datetime, overlap: Overlap = "allow_all") -> None:
+    async def backfill(
+        self, name: str, start: datetime, end: datetime, overlap: Overlap = "allow_all"
+    ) -> None:
         """Run every action the schedule would have taken in [start, end) (also while paused)."""
         if end <= start:
             raise SpecError([SpecProblem(field="backfill", rule="TO must be after FROM")])
-        await self.handle(name).backfill(ScheduleBackfill(start_at=start, end_at=end, overlap=OVERLAP[overlap]))
+        await self.handle(name).backfill(
+            ScheduleBackfill(start_at=start, end_at=end, overlap=OVERLAP[overlap])
+        )
 
     async def delete(self, name: str) -> None:
         await self.handle(name).delete()

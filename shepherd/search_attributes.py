@@ -17,7 +17,17 @@ SWEEP = SearchAttributeKey.for_keyword("ShepherdSweep")
 SCHEDULE = SearchAttributeKey.for_keyword("ShepherdSchedule")
 PARENT = SearchAttributeKey.for_keyword("ShepherdParent")
 
-ALL: tuple[SearchAttributeKey, ...] = (PHASE, LABELS, TRAINER_JOB_ID, STEP, MODEL, JOB_NAME, SWEEP, SCHEDULE, PARENT)
+ALL: tuple[SearchAttributeKey, ...] = (
+    PHASE,
+    LABELS,
+    TRAINER_JOB_ID,
+    STEP,
+    MODEL,
+    JOB_NAME,
+    SWEEP,
+    SCHEDULE,
+    PARENT,
+)
 
 #: Set by Temporal on runs started by a schedule (built in; not registered by us).
 SCHEDULED_START = SearchAttributeKey.for_datetime("TemporalScheduledStartTime")

@@ -105,15 +105,22 @@ class TrainerSpec(SpecModel):
     base_model: Annotated[str, BeforeValidator(_rule(rules.check_base_model))]
     #: ``accounts/<a>/trainingShapes/<s>[/versions/<v>]``; None is the manual path.
     training_shape: Annotated[str | None, BeforeValidator(_rule(rules.check_shape_ref))] = None
-    lora_rank: Annotated[int, BeforeValidator(_rule(lambda v: rules.check_lora_rank(v) if isinstance(v, int) else None))] = 0
+    lora_rank: Annotated[
+        int,
+        BeforeValidator(_rule(lambda v: rules.check_lora_rank(v) if isinstance(v, int) else None)),
+    ] = 0
     learning_rate: float = Field(default=1e-3, gt=0, le=1)
     max_context_length: int | None = Field(default=None, ge=1, le=rules.MAX_CONTEXT_LENGTH)
     display_name: Annotated[str | None, BeforeValidator(_rule(rules.check_display_name))] = None
-    hot_load_deployment: Annotated[str | None, BeforeValidator(_rule(rules.check_resource_id))] = None
+    hot_load_deployment: Annotated[str | None, BeforeValidator(_rule(rules.check_resource_id))] = (
+        None
+    )
     forward_only: bool = False
     # Infrastructure overrides: the manual path only (a shape decides them otherwise).
     region: str | None = None
-    accelerator_type: Annotated[str | None, BeforeValidator(_rule(rules.check_accelerator_type))] = None
+    accelerator_type: Annotated[
+        str | None, BeforeValidator(_rule(rules.check_accelerator_type))
+    ] = None
     accelerator_count: int | None = Field(default=None, ge=1, le=64)
     node_count: int | None = Field(default=None, ge=1, le=64)
     extra_args: list[str] = Field(default_factory=list)
@@ -168,15 +175,22 @@ class TrainingSpec(SpecModel):
     @classmethod
     def _loop(cls, value: str) -> str:
         if value != "supervised" and not LOOP_REF.match(value):
-            raise PydanticCustomError("loop", "must be 'supervised' or a user loop as 'package.module:function'")
+            raise PydanticCustomError(
+                "loop", "must be 'supervised' or a user loop as 'package.module:function'"
+            )
         return value
 
     @field_validator("resume_from")
     @classmethod
     def _resume(cls, value: str | None) -> str | None:
-        if value is not None and not is_template(value) and not rules.CHECKPOINT_NAME_RE.match(value):
+        if (
+            value is not None
+            and not is_template(value)
+            and not rules.CHECKPOINT_NAME_RE.match(value)
+        ):
             raise PydanticCustomError(
-                "checkpoint", "must be a checkpoint name: accounts/<a>/rlorTrainerJobs/<j>/checkpoints/<c>"
+                "checkpoint",
+                "must be a checkpoint name: accounts/<a>/rlorTrainerJobs/<j>/checkpoints/<c>",
             )
         return value
 
@@ -196,7 +210,9 @@ class CheckpointSpec(SpecModel):
 class OutputSpec(SpecModel):
     model_id: Annotated[str | None, BeforeValidator(_rule(rules.check_resource_id))] = None
     promote: Literal["best", "last", "none"] = "last"
-    hot_load_deployment: Annotated[str | None, BeforeValidator(_rule(rules.check_resource_id))] = None
+    hot_load_deployment: Annotated[str | None, BeforeValidator(_rule(rules.check_resource_id))] = (
+        None
+    )
 
 
 class SchedulingSpec(SpecModel):
@@ -275,7 +291,8 @@ class JobSpec(SpecModel):
     def _name(cls, value: str) -> str:
         if not JOB_NAME.match(value):
             raise PydanticCustomError(
-                "name", "must be 1-40 characters of a-z, 0-9 and '-', starting and ending with a letter or digit"
+                "name",
+                "must be 1-40 characters of a-z, 0-9 and '-', starting and ending with a letter or digit",
             )
         return value
 
@@ -283,7 +300,9 @@ class JobSpec(SpecModel):
     @classmethod
     def _backend(cls, value: str) -> str:
         if not BACKEND_NAME.match(value):
-            raise PydanticCustomError("backend", "must be a backend profile name such as 'local' or 'fireworks'")
+            raise PydanticCustomError(
+                "backend", "must be a backend profile name such as 'local' or 'fireworks'"
+            )
         return value
 
     @field_validator("labels")
@@ -294,10 +313,16 @@ class JobSpec(SpecModel):
         for key, val in value.items():
             if not LABEL_KEY.match(key):
                 raise PydanticCustomError(
-                    "labels", "label key '{key}' must be 1-63 characters of a-z, 0-9, '_', '.', '/', '-'", {"key": key}
+                    "labels",
+                    "label key '{key}' must be 1-63 characters of a-z, 0-9, '_', '.', '/', '-'",
+                    {"key": key},
                 )
             if len(val) > 63 or "\n" in val:
-                raise PydanticCustomError("labels", "label '{key}': values are at most 63 characters on one line", {"key": key})
+                raise PydanticCustomError(
+                    "labels",
+                    "label '{key}': values are at most 63 characters on one line",
+                    {"key": key},
+                )
         return value
 
     @model_validator(mode="after")
@@ -310,11 +335,16 @@ class JobSpec(SpecModel):
         if self.output.promote != "none" and not self.output.model_id:
             raise _located("output.model_id", "is required when output.promote is 'best' or 'last'")
         if self.output.promote == "best" and not self.checkpoint.evaluate:
-            raise _located("output.promote", "'best' needs checkpoint.evaluate: true (the best is measured)")
+            raise _located(
+                "output.promote", "'best' needs checkpoint.evaluate: true (the best is measured)"
+            )
         if self.checkpoint.resume_from == "best" and not self.checkpoint.evaluate:
             raise _located("checkpoint.resume_from", "'best' needs checkpoint.evaluate: true")
         if self.trainer.forward_only:
-            raise _located("trainer.forward_only", "a forward-only trainer cannot apply optimizer steps; this job trains")
+            raise _located(
+                "trainer.forward_only",
+                "a forward-only trainer cannot apply optimizer steps; this job trains",
+            )
         return self
 
     # ------------------------------------------------------------------ helpers
@@ -356,7 +386,9 @@ class SpecError(ValueError):
         self.source = source
         where = f" in {source}" if source else ""
         lines = "\n".join(f"  - {p}" for p in problems)
-        super().__init__(f"invalid job spec{where} ({len(problems)} problem{'s' * (len(problems) != 1)}):\n{lines}")
+        super().__init__(
+            f"invalid job spec{where} ({len(problems)} problem{'s' * (len(problems) != 1)}):\n{lines}"
+        )
 
 
 def _prefix_for(model_loc: tuple[Any, ...]) -> str:
@@ -402,13 +434,25 @@ def load_spec_data(path: str | Path) -> dict[str, Any]:
     try:
         text = path.read_text()
     except OSError as exc:
-        raise SpecError([SpecProblem(field="spec", rule=f"cannot read {path}: {exc.strerror}")], str(path)) from None
+        raise SpecError(
+            [SpecProblem(field="spec", rule=f"cannot read {path}: {exc.strerror}")], str(path)
+        ) from None
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise SpecError([SpecProblem(field="spec", rule=f"not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}")], str(path)) from None
+        raise SpecError(
+            [
+                SpecProblem(
+                    field="spec",
+                    rule=f"not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}",
+                )
+            ],
+            str(path),
+        ) from None
     if not isinstance(data, dict):
-        raise SpecError([SpecProblem(field="spec", rule="must be a mapping of sections")], str(path))
+        raise SpecError(
+            [SpecProblem(field="spec", rule="must be a mapping of sections")], str(path)
+        )
     return data
 
 
@@ -452,7 +496,12 @@ def resolve_templates(spec: JobSpec, scheduled_time: datetime) -> JobSpec:
             try:
                 return value.format(scheduled_time=scheduled_time)
             except (KeyError, IndexError, ValueError) as exc:
-                problems.append(SpecProblem(field=path, rule=f"bad template {value!r}: only {{scheduled_time:<strftime>}} is known ({exc})"))
+                problems.append(
+                    SpecProblem(
+                        field=path,
+                        rule=f"bad template {value!r}: only {{scheduled_time:<strftime>}} is known ({exc})",
+                    )
+                )
                 return value
         if isinstance(value, dict):
             return {k: fill(v, f"{path}.{k}" if path else k) for k, v in value.items()}

@@ -140,17 +140,22 @@ class SweepSpec(SpecModel):
         if not JOB_NAME.match(self.name) or len(self.name) > 30:
             raise ValueError("name: must be 1-30 characters of a-z, 0-9 and '-'")
         if self.metric != self.base.checkpoint.metric:
-            raise ValueError(f"metric: {self.metric!r} must be the base spec's checkpoint.metric ({self.base.checkpoint.metric!r})")
+            raise ValueError(
+                f"metric: {self.metric!r} must be the base spec's checkpoint.metric ({self.base.checkpoint.metric!r})"
+            )
         if not self.base.checkpoint.evaluate:
-            raise ValueError("base.checkpoint.evaluate: trials must evaluate their checkpoints to be compared")
+            raise ValueError(
+                "base.checkpoint.evaluate: trials must evaluate their checkpoints to be compared"
+            )
         for path in self.parameters:
             try:
                 trial_spec(self, 0, {path: self._probe(path)})
             except SpecError as exc:
                 raise ValueError(f"parameters.{path}: {exc.problems[0]}") from None
-        if self.promote_best is not None:
-            if problem := rules.check_resource_id(self.promote_best.model_id):
-                raise ValueError(f"promote_best.model_id: {problem}")
+        if self.promote_best is not None and (
+            problem := rules.check_resource_id(self.promote_best.model_id)
+        ):
+            raise ValueError(f"promote_best.model_id: {problem}")
         return self
 
     def _probe(self, path: str) -> Any:
@@ -167,7 +172,9 @@ def _set(data: dict[str, Any], path: str, value: Any) -> None:
     *parents, leaf = path.split(".")
     for part in parents:
         if not isinstance(node.get(part), dict):
-            raise SpecError([SpecProblem(field=path, rule=f"{part} is not a section of a job spec")])
+            raise SpecError(
+                [SpecProblem(field=path, rule=f"{part} is not a section of a job spec")]
+            )
         node = node[part]
     node[leaf] = value
 
@@ -217,7 +224,11 @@ def load_sweep(path: str | Path, *, overrides: list[str] | None = None) -> Sweep
 
 
 def validate_sweep(
-    data: dict[str, Any], *, base_dir: Path | None = None, source: str | None = None, overrides: list[str] | None = None
+    data: dict[str, Any],
+    *,
+    base_dir: Path | None = None,
+    source: str | None = None,
+    overrides: list[str] | None = None,
 ) -> SweepSpec:
     from shepherd.spec import apply_override
 
@@ -225,7 +236,14 @@ def validate_sweep(
     base = data.pop("base", None)
     inline = data.pop("spec", None)
     if (base is None) == (inline is None):
-        raise SpecError([SpecProblem(field="base", rule="give either base: <spec file> or spec: <inline spec>")], source)
+        raise SpecError(
+            [
+                SpecProblem(
+                    field="base", rule="give either base: <spec file> or spec: <inline spec>"
+                )
+            ],
+            source,
+        )
     if base is not None:
         if isinstance(base, dict):
             base_data = base
@@ -241,7 +259,9 @@ def validate_sweep(
     try:
         base_spec = validate_spec(base_data)
     except SpecError as exc:
-        raise SpecError([SpecProblem(field=f"base.{p.field}", rule=p.rule) for p in exc.problems], source) from None
+        raise SpecError(
+            [SpecProblem(field=f"base.{p.field}", rule=p.rule) for p in exc.problems], source
+        ) from None
     try:
         return SweepSpec.model_validate({**data, "base": base_spec})
     except ValidationError as exc:

@@ -74,7 +74,9 @@ async def running_trainer(client: PlatformClient, job_id: str, **request: Any) -
     return trainer
 
 
-async def train_steps(trainer: TrainerClient, first: int, last: int, micro_batches: int = 1) -> list[float]:
+async def train_steps(
+    trainer: TrainerClient, first: int, last: int, micro_batches: int = 1
+) -> list[float]:
     losses = []
     for step in range(first, last + 1):
         for mb in range(micro_batches):

@@ -22,8 +22,16 @@ from shepherd.platform import PlatformClient
 
 #: Defaults per well-known profile name.
 _DEFAULTS: dict[str, dict[str, object]] = {
-    "local": {"url": "http://127.0.0.1:8300", "api_key_env": "SHEPHERD_PLANE_API_KEY", "events": True},
-    "fireworks": {"url": "https://api.fireworks.ai", "api_key_env": "FIREWORKS_API_KEY", "events": False},
+    "local": {
+        "url": "http://127.0.0.1:8300",
+        "api_key_env": "SHEPHERD_PLANE_API_KEY",
+        "events": True,
+    },
+    "fireworks": {
+        "url": "https://api.fireworks.ai",
+        "api_key_env": "FIREWORKS_API_KEY",
+        "events": False,
+    },
 }
 
 
@@ -54,9 +62,12 @@ def profiles_from_env(env: Mapping[str, str] | None = None) -> dict[str, Backend
         values = {
             "url": env.get(prefix + "URL", base.get("url")),
             "gateway_url": env.get(prefix + "GATEWAY_URL"),
-            "api_key_env": env.get(prefix + "API_KEY_ENV", base.get("api_key_env", f"SHEPHERD_{name.upper()}_API_KEY")),
+            "api_key_env": env.get(
+                prefix + "API_KEY_ENV", base.get("api_key_env", f"SHEPHERD_{name.upper()}_API_KEY")
+            ),
             "account_id": env.get(prefix + "ACCOUNT"),
-            "events": env.get(prefix + "EVENTS", str(base.get("events", False))).lower() in ("1", "true", "yes"),
+            "events": env.get(prefix + "EVENTS", str(base.get("events", False))).lower()
+            in ("1", "true", "yes"),
             "timeout_s": float(env.get(prefix + "TIMEOUT", "30")),
         }
         if not values["url"]:
@@ -68,7 +79,9 @@ def profiles_from_env(env: Mapping[str, str] | None = None) -> dict[str, Backend
 class BackendRegistry:
     """Platform clients by backend name, built on first use and shared by the activities."""
 
-    def __init__(self, profiles: Mapping[str, BackendProfile], env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, profiles: Mapping[str, BackendProfile], env: Mapping[str, str] | None = None
+    ) -> None:
         self.profiles = dict(profiles)
         self._env = os.environ if env is None else env
         self._clients: dict[str, PlatformClient] = {}

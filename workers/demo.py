@@ -45,7 +45,9 @@ async def _run(stack: DevStack, console: Console, spec_path: Path) -> bool:
     client = await connect(TemporalSettings(address=stack.temporal.address))
     handle = await start_job(client, spec, task_queue=stack.task_queue)
     ui_link = f"{stack.temporal.ui_url}/namespaces/default/workflows/{handle.id}"
-    console.print(f"submitted [bold]{handle.id}[/bold]  ({spec_path.name}, {spec.training.total_steps} steps)")
+    console.print(
+        f"submitted [bold]{handle.id}[/bold]  ({spec_path.name}, {spec.training.total_steps} steps)"
+    )
     console.print(f"Web UI: {ui_link}")
     chaos_at = spec.training.total_steps // 3
     injected = False
@@ -54,25 +56,33 @@ async def _run(stack: DevStack, console: Console, spec_path: Path) -> bool:
         TextColumn("{task.fields[phase]:<13}"),
         BarColumn(),
         TaskProgressColumn(),
-        TextColumn("step {task.completed:.0f}/{task.total:.0f}  loss {task.fields[loss]}  {task.fields[note]}"),
+        TextColumn(
+            "step {task.completed:.0f}/{task.total:.0f}  loss {task.fields[loss]}  {task.fields[note]}"
+        ),
         TimeElapsedColumn(),
     )
     async with PlaneAdmin(stack.plane.url, stack.plane.admin_key) as admin:
         with Progress(*columns, console=console, transient=False) as progress:
-            bar = progress.add_task("job", total=spec.training.total_steps, phase="PENDING", loss="-", note="")
+            bar = progress.add_task(
+                "job", total=spec.training.total_steps, phase="PENDING", loss="-", note=""
+            )
             status = JobStatus()
             while not result_task.done():
                 status = await handle.query("status", result_type=JobStatus)
                 note = f"recoveries {len(status.recoveries)}" if status.recoveries else ""
                 loss = f"{status.last_loss:.3f}" if status.last_loss is not None else "-"
-                progress.update(bar, completed=status.step, phase=status.phase.value, loss=loss, note=note)
+                progress.update(
+                    bar, completed=status.step, phase=status.phase.value, loss=loss, note=note
+                )
                 if not injected and status.step >= chaos_at and status.phase is Phase.TRAINING:
                     injected = True
                     # Every gateway replica learns the resumed trainer's route late...
                     await admin.set_faults(routeLagSeconds={"min": 1.0, "max": 3.0})
                     # ...after a spot reclaim of the trainer.
                     await admin.preempt(status.trainer_job_id or "")
-                    progress.console.print(f"[yellow]injected: preemption of {status.trainer_job_id} at step {status.step}, route lag 1-3 s[/yellow]")
+                    progress.console.print(
+                        f"[yellow]injected: preemption of {status.trainer_job_id} at step {status.step}, route lag 1-3 s[/yellow]"
+                    )
                 await asyncio.wait({result_task}, timeout=0.3)
             try:
                 final = result_task.result()
@@ -81,19 +91,30 @@ async def _run(stack: DevStack, console: Console, spec_path: Path) -> bool:
                 progress.update(bar, completed=final.step, phase=final.phase.value)
                 console.print(f"[red]job failed: {exc.cause}[/red]")
                 return False
-            progress.update(bar, completed=final.step, phase=final.phase.value, note=f"recoveries {len(final.recoveries)}")
+            progress.update(
+                bar,
+                completed=final.step,
+                phase=final.phase.value,
+                note=f"recoveries {len(final.recoveries)}",
+            )
         stats = await admin.stats()
     job_stats = stats["jobs"].get(f"accounts/dev/rlorTrainerJobs/{final.trainer_job_id}", {})
     console.print()
-    console.print(f"[bold green]{final.phase.value}[/bold green]  {final.step}/{final.total_steps} steps")
+    console.print(
+        f"[bold green]{final.phase.value}[/bold green]  {final.step}/{final.total_steps} steps"
+    )
     for r in final.recoveries:
         console.print(
             f"  recovery {r.number}: {r.reason} at step {r.at_step} -> resumed from step {r.resumed_from_step} "
             f"({r.steps_redone} steps redone, {r.duration_s:.1f}s)"
         )
-    console.print(f"  route 404s served by the gateway for this trainer: {job_stats.get('route404s', 0)}")
+    console.print(
+        f"  route 404s served by the gateway for this trainer: {job_stats.get('route404s', 0)}"
+    )
     if final.best:
-        console.print(f"  best checkpoint: {final.best.name} ({final.eval_metric} {final.best.metric:.4f})")
+        console.print(
+            f"  best checkpoint: {final.best.name} ({final.eval_metric} {final.best.metric:.4f})"
+        )
     if final.model:
         console.print(f"  model: [bold]{final.model.name}[/bold] ({final.model.state})")
     console.print(f"  trainers still running on the plane: {stats['liveTrainers']}")
@@ -119,7 +140,9 @@ def main(state_dir: Path | None = None, keep: bool = False, spec_path: Path = QU
     try:
         stack.start()
         info = stack.info()
-        console.print(f"  Temporal {info['temporal']}  ·  Web UI {info['ui']}  ·  localplane {info['plane']}")
+        console.print(
+            f"  Temporal {info['temporal']}  ·  Web UI {info['ui']}  ·  localplane {info['plane']}"
+        )
         ok = asyncio.run(_run(stack, console, spec_path))
         if keep:
             console.print("the stack stays up for the Web UI; Ctrl-C stops it")
@@ -129,5 +152,7 @@ def main(state_dir: Path | None = None, keep: bool = False, spec_path: Path = QU
         stack.stop()
         if tmp is not None:
             tmp.cleanup()
-    console.print("[bold green]demo succeeded[/bold green]" if ok else "[bold red]demo failed[/bold red]")
+    console.print(
+        "[bold green]demo succeeded[/bold green]" if ok else "[bold red]demo failed[/bold red]"
+    )
     return 0 if ok else 1

@@ -34,7 +34,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_until(check: Any, what: str, timeout: float = START_TIMEOUT_S, proc: subprocess.Popen[bytes] | None = None) -> None:
+def wait_until(
+    check: Any,
+    what: str,
+    timeout: float = START_TIMEOUT_S,
+    proc: subprocess.Popen[bytes] | None = None,
+) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         if proc is not None and proc.poll() is not None:
@@ -59,7 +64,9 @@ def http_ok(url: str) -> bool:
         return False
 
 
-def stop_process(proc: subprocess.Popen[bytes] | None, timeout: float = STOP_TIMEOUT_S) -> int | None:
+def stop_process(
+    proc: subprocess.Popen[bytes] | None, timeout: float = STOP_TIMEOUT_S
+) -> int | None:
     if proc is None:
         return None
     if proc.poll() is None:
@@ -94,19 +101,36 @@ class TemporalServer:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         (self.state_dir / "logs").mkdir(exist_ok=True)
         cmd = [
-            binaries.temporal(), "server", "start-dev",
-            "--ip", self.ip,
-            "--port", str(self.port),
-            "--db-filename", str(self.state_dir / "temporal.db"),
-            "--log-format", "json",
-            "--log-level", "warn",
+            binaries.temporal(),
+            "server",
+            "start-dev",
+            "--ip",
+            self.ip,
+            "--port",
+            str(self.port),
+            "--db-filename",
+            str(self.state_dir / "temporal.db"),
+            "--log-format",
+            "json",
+            "--log-level",
+            "warn",
             *search_attributes.server_flags(),
         ]
-        cmd += ["--headless"] if self.headless else ["--ui-port", str(self.ui_port), "--ui-disable-news-fetch"]
+        cmd += (
+            ["--headless"]
+            if self.headless
+            else ["--ui-port", str(self.ui_port), "--ui-disable-news-fetch"]
+        )
         if self.namespace != "default":
             cmd += ["--namespace", self.namespace]
         with open(self.state_dir / "logs" / "temporal.log", "ab") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            self.proc = subprocess.Popen(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         wait_until(lambda: tcp_open(self.ip, self.port), "the Temporal server", proc=self.proc)
         if not self.headless:
             wait_until(lambda: http_ok(self.ui_url), "the Temporal Web UI", proc=self.proc)
@@ -118,7 +142,9 @@ class TemporalServer:
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             try:
-                client = await connect(TemporalSettings(address=self.address, namespace=self.namespace))
+                client = await connect(
+                    TemporalSettings(address=self.address, namespace=self.namespace)
+                )
                 await ensure_search_attributes(client)
                 return
             except Exception:
@@ -141,7 +167,12 @@ class WorkerProcess:
         ready = self.state_dir / "worker.ready"
         ready.unlink(missing_ok=True)
         (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "SHEPHERD_LOG_FORMAT": "json", "SHEPHERD_TASK_QUEUE": self.task_queue, **self.env}
+        env = {
+            **os.environ,
+            "SHEPHERD_LOG_FORMAT": "json",
+            "SHEPHERD_TASK_QUEUE": self.task_queue,
+            **self.env,
+        }
         with open(self.state_dir / "logs" / "worker.log", "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "shepherd.cli.main", "worker", "--ready-file", str(ready)],

@@ -57,13 +57,18 @@ class EventBridge:
             except Exception as exc:  # noqa: BLE001 - the bridge outlives any one failure; polling covers the gap
                 delay = _RECONNECT_S[min(failures, len(_RECONNECT_S) - 1)]
                 failures += 1
-                log.warning("events.reconnect", backend=backend, error=type(exc).__name__, delay_s=delay)
+                log.warning(
+                    "events.reconnect", backend=backend, error=type(exc).__name__, delay_s=delay
+                )
                 await asyncio.sleep(delay)
 
     async def _owner(self, trainer_job_id: str) -> str | None:
         if trainer_job_id in self._owners:
             owner = self._owners[trainer_job_id]
-            if owner is not None or time.monotonic() - self._negative_at.get(trainer_job_id, 0) < _NEGATIVE_TTL_S:
+            if (
+                owner is not None
+                or time.monotonic() - self._negative_at.get(trainer_job_id, 0) < _NEGATIVE_TTL_S
+            ):
                 return owner
         query = f'{sa.TRAINER_JOB_ID.name} = "{trainer_job_id}" AND ExecutionStatus = "Running"'
         owner = None

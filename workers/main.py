@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+from temporalio.client import Client
+from temporalio.service import RPCError
 from temporalio.worker import Worker
 
 from activities.checkpoints import CheckpointActivities
@@ -27,7 +29,7 @@ from activities.recovery import RecoveryActivities
 from activities.sweeps import SweepActivities
 from activities.training import TrainingActivities
 from shepherd.logging import configure_logging
-from shepherd.temporal import TemporalSettings, connect
+from shepherd.temporal import TemporalSettings, connect, ensure_search_attributes
 from workers.config import BackendProfile, BackendRegistry, profiles_from_env
 from workers.events import EventBridge
 from workflows.job import TrainingJobWorkflow
@@ -70,6 +72,7 @@ async def run_worker(
     temporal = temporal or TemporalSettings()
     registry = BackendRegistry(profiles if profiles is not None else profiles_from_env())
     client = await connect(temporal)
+    await _require_search_attributes(client)
     stop = stop or asyncio.Event()
     queues = list(task_queues or [temporal.task_queue])
     workers = [
@@ -109,6 +112,21 @@ async def run_worker(
                 await bridge_task
             log.info("worker.stopping")
     await registry.aclose()
+
+
+async def _require_search_attributes(client: Client) -> None:
+    """Refuse to start where jobs would hang: every workflow upserts Shepherd's search
+    attributes, and an unregistered one fails each of its workflow tasks."""
+    try:
+        added = await ensure_search_attributes(client)
+    except RPCError as exc:
+        raise SystemExit(
+            f"Shepherd's search attributes could not be checked or registered in namespace "
+            f"{client.namespace!r} ({exc.message}). Register them (README, 'Running in production') "
+            "or give this worker the permission to."
+        ) from None
+    if added:
+        log.info("worker.search_attributes_registered", added=added)
 
 
 def main(task_queues: Sequence[str] | None = None, ready_file: Path | None = None) -> None:

@@ -14,10 +14,11 @@ activity whose timeouts and retries are declared in ``workflows.policies``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from temporalio import workflow
 from temporalio.common import Priority
@@ -38,8 +39,8 @@ with workflow.unsafe.imports_passed_through():
     from activities.training import TrainingActivities
     from shepherd import search_attributes as sa
     from shepherd.models import (
-        ChunkResult,
         CheckpointRecord,
+        ChunkResult,
         CreateTrainerInput,
         ErrorInfo,
         EvaluateInput,
@@ -82,11 +83,15 @@ _INFRA_REASONS = {"preemption", "platform_restart", "idle"}
 class _Lost(Exception):
     """The trainer stopped serving (internal control flow, never leaves the workflow)."""
 
-    def __init__(self, kind: str, job: PlatformJob | None, detail: str) -> None:
+    def __init__(
+        self, kind: str, job: PlatformJob | None, detail: str, applied_step: int | None = None
+    ) -> None:
         super().__init__(detail)
         self.kind = kind
         self.job = job
         self.detail = detail
+        #: The last step the trainer was seen to apply before it stopped, when known.
+        self.applied_step = applied_step
 
 
 class _Terminal(Exception):
@@ -120,7 +125,9 @@ def classify(job: PlatformJob | None) -> str:
         return "idle"
     if "restart" in message:
         return "platform_restart"
-    if job.status_code == "UNAVAILABLE" or any(w in message for w in ("preempt", "reclaim", "spot")):
+    if job.status_code == "UNAVAILABLE" or any(
+        w in message for w in ("preempt", "reclaim", "spot")
+    ):
         return "preemption"
     return "failure"
 
@@ -148,6 +155,7 @@ class TrainingJobWorkflow:
         flags = inp.carried_flags
         self._carried = inp.carried is not None
         self._templated = inp.templated
+        self._visible = inp.search_attributes
         self._report_to = inp.report_progress_to
         self._trainer_live: bool = flags.get("trainer_live", False)
         self._serving: bool = flags.get("serving", False)
@@ -182,10 +190,13 @@ class TrainingJobWorkflow:
         if self._prefix is None:
             self._prefix = trainer_prefix(self.spec.name, info.workflow_id, info.run_id)
         if not self._carried:
-            updates = [sa.JOB_NAME.value_set(self.spec.name), sa.LABELS.value_set(self.spec.label_keywords())]
+            updates = [
+                sa.JOB_NAME.value_set(self.spec.name),
+                sa.LABELS.value_set(self.spec.label_keywords()),
+            ]
             if inp.parent_workflow_id:
                 updates.append(sa.PARENT.value_set(inp.parent_workflow_id))
-            workflow.upsert_search_attributes(updates)
+            self._upsert(updates)
         self._publish(force=True)
         try:
             await self._with_deadline(self._lifecycle)
@@ -215,7 +226,9 @@ class TrainingJobWorkflow:
         assert self.s.started_at is not None
         remaining = limit - (workflow.now() - self.s.started_at)
         main = asyncio.ensure_future(body())
-        timer = asyncio.ensure_future(workflow.sleep(max(remaining, timedelta(seconds=1)), summary="max runtime"))
+        timer = asyncio.ensure_future(
+            workflow.sleep(max(remaining, timedelta(seconds=1)), summary="max runtime")
+        )
         try:
             done, _ = await workflow.wait([main, timer], return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
@@ -229,11 +242,13 @@ class TrainingJobWorkflow:
             main.result()
             return
         main.cancel()
-        try:
+        with contextlib.suppress(asyncio.CancelledError):
             await main
-        except asyncio.CancelledError:
-            pass
-        raise _Terminal(Phase.FAILED, "MaxRuntimeExceeded", f"the job ran longer than scheduling.max_runtime ({limit})")
+        raise _Terminal(
+            Phase.FAILED,
+            "MaxRuntimeExceeded",
+            f"the job ran longer than scheduling.max_runtime ({limit})",
+        )
 
     async def _lifecycle(self) -> None:
         if not self._carried:
@@ -242,7 +257,9 @@ class TrainingJobWorkflow:
             if self.spec.trainer.training_shape and self._shape_version is None:
                 shape = await self._act(
                     ProvisioningActivities.resolve_shape,
-                    ResolveShapeInput(backend=self.spec.backend, shape=self.spec.trainer.training_shape),
+                    ResolveShapeInput(
+                        backend=self.spec.backend, shape=self.spec.trainer.training_shape
+                    ),
                     self.pol.resolve_shape,
                     "resolve the training shape",
                 )
@@ -278,7 +295,7 @@ class TrainingJobWorkflow:
             raise _Terminal(Phase.FAILED, "InvalidSpec", str(exc)) from None
         self._templated = False
         self.s.labels = self.spec.labels
-        workflow.upsert_search_attributes([sa.LABELS.value_set(self.spec.label_keywords())])
+        self._upsert([sa.LABELS.value_set(self.spec.label_keywords())])
 
     # ====================================================== provisioning
 
@@ -291,7 +308,7 @@ class TrainingJobWorkflow:
         self.s.generation = 0 if self.s.trainer_job_id is None else self.s.generation + 1
         self.s.trainer_job_id = f"{self._prefix}-g{self.s.generation}"
         self._event_state, self._observed_at, self._serving = None, None, False
-        workflow.upsert_search_attributes([sa.TRAINER_JOB_ID.value_set(self.s.trainer_job_id)])
+        self._upsert([sa.TRAINER_JOB_ID.value_set(self.s.trainer_job_id)])
         self._set_phase(Phase.QUEUED)
         t = self.spec.trainer
         job = await self._act(
@@ -317,16 +334,28 @@ class TrainingJobWorkflow:
     async def _come_up(self) -> None:
         """From a created or resumed job to a warmed-up trainer at the right step."""
         await self._await_state(
-            ReadinessActivities.wait_for_placement, _PLACED, self.pol.wait_placement, "PendingTimeout", "placement"
+            ReadinessActivities.wait_for_placement,
+            _PLACED,
+            self.pol.wait_placement,
+            "PendingTimeout",
+            "placement",
         )
         self._set_phase(Phase.SCHEDULING)
         await self._await_state(
-            ReadinessActivities.wait_for_running, _RUNNING, self.pol.wait_running, "ReadyTimeout", "RUNNING"
+            ReadinessActivities.wait_for_running,
+            _RUNNING,
+            self.pol.wait_running,
+            "ReadyTimeout",
+            "RUNNING",
         )
         self._set_phase(Phase.PREPARING)
         warm = await self._act(
             ReadinessActivities.warm_up,
-            WarmUpInput(backend=self.spec.backend, trainer_job_id=self._ref().trainer_job_id, probes=self.pol.warmup_probes),
+            WarmUpInput(
+                backend=self.spec.backend,
+                trainer_job_id=self._ref().trainer_job_id,
+                probes=self.pol.warmup_probes,
+            ),
             self.pol.warm_up,
             f"warm up the route ({self.pol.warmup_probes} probes)",
             timeout_type="WarmUpTimeout",
@@ -336,7 +365,11 @@ class TrainingJobWorkflow:
         if self._to_load:
             loaded = await self._act(
                 CheckpointActivities.load_checkpoint,
-                LoadCheckpointInput(backend=self.spec.backend, trainer_job_id=self._ref().trainer_job_id, checkpoint=self._to_load),
+                LoadCheckpointInput(
+                    backend=self.spec.backend,
+                    trainer_job_id=self._ref().trainer_job_id,
+                    checkpoint=self._to_load,
+                ),
                 self.pol.data_plane_call,
                 f"load {self._to_load.rsplit('/', 1)[-1]}",
             )
@@ -376,20 +409,17 @@ class TrainingJobWorkflow:
             try:
                 job = handle.result()
             except ActivityError as err:
-                raise self._mapped(err, timeout_type, what)
+                self._raise_mapped(err, timeout_type, what)
             self._observe(job)
             return job
         handle.cancel()
-        try:
+        with contextlib.suppress(ActivityError):
             await handle
-        except ActivityError:
-            pass
         if self._pause_requested and self.s.phase is not Phase.RECOVERING:
             raise _PauseNow()
         if self._event_state in targets:
             return None
-        job = PlatformJob(trainer_job_id=self._ref().trainer_job_id, state=self._event_state or "", message=self._event_message)
-        raise _Lost(policies.TRAINER_GONE if JobState(job.state).is_gone() else policies.TRAINER_LOST, job, f"platform event: {job.state}")
+        raise self._death_event()
 
     # ========================================================== training
 
@@ -408,13 +438,30 @@ class TrainingJobWorkflow:
             if result.last_loss is not None:
                 self.s.last_loss = result.last_loss
             self.s.route_races += result.route_races
-            workflow.upsert_search_attributes([sa.STEP.value_set(self.s.step)])
+            self._upsert([sa.STEP.value_set(self.s.step)])
             self._publish()
             if last % every == 0 or last == total:
                 await self._checkpoint(f"step-{last:08d}")
             await self._maybe_continue_as_new()
 
+    def _death_event(self) -> _Lost:
+        job = PlatformJob(
+            trainer_job_id=self._ref().trainer_job_id,
+            state=self._event_state or "",
+            message=self._event_message,
+        )
+        kind = policies.TRAINER_GONE if JobState(job.state).is_gone() else policies.TRAINER_LOST
+        return _Lost(kind, job, f"platform event: {job.state}")
+
     async def _run_chunk(self, first: int, last: int) -> ChunkResult:
+        # Reacting to a death event mid-chunk is newer than some running workflows.
+        watch_deaths = workflow.patched("chunk-stops-on-death-event")
+
+        def died() -> bool:
+            return watch_deaths and self._event_state in _DEAD
+
+        if died():
+            raise self._death_event()  # known dead: do not even schedule the chunk
         handle = workflow.start_activity_method(
             TrainingActivities.train_chunk,
             TrainChunkInput(
@@ -437,24 +484,37 @@ class TrainingJobWorkflow:
             cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
             summary=f"train steps {first}-{last}",
         )
-        pause = asyncio.ensure_future(workflow.wait_condition(lambda: self._pause_requested))
-        await self._race(handle, pause)
+        # A pause, or the platform's word that the trainer died, stops the chunk early.
+        stop = asyncio.ensure_future(
+            workflow.wait_condition(lambda: self._pause_requested or died())
+        )
+        await self._race(handle, stop)
         if not handle.done():
             handle.cancel()
         else:
-            pause.cancel()
+            stop.cancel()
         try:
-            return await handle
+            result = await handle
         except ActivityError as err:
             if self._pause_requested and is_cancelled_exception(err):
                 raise _PauseNow() from None
-            raise self._mapped(err, "ChunkTimeout", "training")
+            self._raise_mapped(err, "ChunkTimeout", "training")
+        if not result.partial:
+            return result
+        if died():
+            lost = self._death_event()
+            lost.applied_step = result.last_step
+            raise lost
+        self.s.step = max(self.s.step, result.last_step)
+        raise _PauseNow()
 
     async def _checkpoint(self, name: str, *, evaluate: bool | None = None) -> CheckpointRecord:
         self._set_phase(Phase.CHECKPOINTING)
         record = await self._act(
             CheckpointActivities.save_checkpoint,
-            SaveCheckpointInput(backend=self.spec.backend, trainer_job_id=self._ref().trainer_job_id, name=name),
+            SaveCheckpointInput(
+                backend=self.spec.backend, trainer_job_id=self._ref().trainer_job_id, name=name
+            ),
             self.pol.data_plane_call,
             f"save checkpoint {name}",
         )
@@ -465,7 +525,11 @@ class TrainingJobWorkflow:
             better = (
                 best is None
                 or best.metric is None
-                or (record.metric < best.metric if self.spec.checkpoint.mode == "min" else record.metric > best.metric)
+                or (
+                    record.metric < best.metric
+                    if self.spec.checkpoint.mode == "min"
+                    else record.metric > best.metric
+                )
             )
             if better:
                 self.s.best = record
@@ -482,7 +546,10 @@ class TrainingJobWorkflow:
         assert self._report_to and record.metric is not None
         try:
             await workflow.get_external_workflow_handle(self._report_to).signal(
-                "trial_progress", TrialProgress(workflow_id=self.s.workflow_id, step=record.step, metric=record.metric)
+                "trial_progress",
+                TrialProgress(
+                    workflow_id=self.s.workflow_id, step=record.step, metric=record.metric
+                ),
             )
         except FailureError as exc:
             workflow.logger.warning("progress report to %s failed: %s", self._report_to, exc)
@@ -509,7 +576,9 @@ class TrainingJobWorkflow:
         if self._prune_unsupported:
             return
         keep = {c.name for c in self.s.checkpoints[-self.spec.checkpoint.keep_last :]}
-        keep |= {c.name for c in (self.s.best,) if c} | {n for n in (self.s.paused_checkpoint, self._to_load) if n}
+        keep |= {c.name for c in (self.s.best,) if c} | {
+            n for n in (self.s.paused_checkpoint, self._to_load) if n
+        }
         doomed = [c.name for c in self.s.checkpoints if c.name not in keep]
         if not doomed:
             return
@@ -527,7 +596,7 @@ class TrainingJobWorkflow:
 
     async def _recover(self, lost: _Lost) -> None:
         job = lost.job
-        at_step = self.s.step
+        at_step = max(self.s.step, lost.applied_step or 0)
         reason = "deleted" if lost.kind == policies.TRAINER_GONE else classify(job)
         if lost.kind not in (policies.TRAINER_LOST, policies.TRAINER_GONE):
             reason = "failure"
@@ -590,7 +659,12 @@ class TrainingJobWorkflow:
             )
             current = state.state if state else self._event_state
             if current != JobState.RUNNING.value:
-                resumed = await self._act(RecoveryActivities.resume_trainer, self._ref(), self.pol.resume_trainer, "resume the trainer")
+                resumed = await self._act(
+                    RecoveryActivities.resume_trainer,
+                    self._ref(),
+                    self.pol.resume_trainer,
+                    "resume the trainer",
+                )
                 self._observe(resumed)
             await self._come_up()
         record.resumed_from_step = self.s.step
@@ -653,18 +727,31 @@ class TrainingJobWorkflow:
             base_model=self.spec.trainer.base_model,
         )
         model: ModelInfo = await self._act(
-            PromotionActivities.promote_checkpoint, request, self.pol.promote, f"promote {chosen.name.rsplit('/', 1)[-1]}"
+            PromotionActivities.promote_checkpoint,
+            request,
+            self.pol.promote,
+            f"promote {chosen.name.rsplit('/', 1)[-1]}",
         )
         if model.state != "READY":
-            model = await self._act(PromotionActivities.wait_for_model, request, self.pol.wait_model, "wait for the model")
+            model = await self._act(
+                PromotionActivities.wait_for_model,
+                request,
+                self.pol.wait_model,
+                "wait for the model",
+            )
         self.s.model = model
-        workflow.upsert_search_attributes([sa.MODEL.value_set(model.name)])
+        self._upsert([sa.MODEL.value_set(model.name)])
 
     async def _delete_trainer(self) -> None:
         if not self._trainer_live or self.s.trainer_job_id is None:
             return
         self.s.cleanup = "deleting"
-        await self._act(ProvisioningActivities.delete_trainer, self._ref(), self.pol.delete_trainer, "delete the trainer")
+        await self._act(
+            ProvisioningActivities.delete_trainer,
+            self._ref(),
+            self.pol.delete_trainer,
+            "delete the trainer",
+        )
         self._trainer_live = self._serving = False
         self.s.cleanup = "done"
 
@@ -681,6 +768,11 @@ class TrainingJobWorkflow:
         self._set_phase(phase)
 
     # =========================================================== helpers
+
+    def _upsert(self, updates: list[Any]) -> None:
+        # Off for namespaces without Shepherd's attributes, where an upsert fails every task.
+        if self._visible:
+            workflow.upsert_search_attributes(updates)
 
     @staticmethod
     async def _race(activity: asyncio.Task[Any], waiter: asyncio.Task[Any]) -> None:
@@ -706,9 +798,17 @@ class TrainingJobWorkflow:
         timeout_type: str = "Timeout",
     ) -> T:
         try:
-            return await workflow.execute_activity_method(fn, arg, **self._options(policy), summary=summary)
+            return await workflow.execute_activity_method(
+                fn, arg, **self._options(policy), summary=summary
+            )
         except ActivityError as err:
-            raise self._mapped(err, timeout_type, summary)
+            self._raise_mapped(err, timeout_type, summary)
+
+    def _raise_mapped(self, err: ActivityError, timeout_type: str, what: str) -> NoReturn:
+        mapped = self._mapped(err, timeout_type, what)
+        if mapped is err:
+            raise err  # unchanged, cause and all (``from`` would rewrite its cause)
+        raise mapped from None
 
     def _mapped(self, err: ActivityError, timeout_type: str, what: str) -> BaseException:
         """An activity failure as the workflow's next move: a lost trainer (recovery), a
@@ -719,14 +819,32 @@ class TrainingJobWorkflow:
         root = _root(err)
         kind = getattr(root, "type", None)
         if kind in (policies.TRAINER_LOST, policies.TRAINER_GONE):
-            details = getattr(root, "details", ()) or ()
-            job = PlatformJob.model_validate(details[0]) if details and isinstance(details[0], dict) else None
-            return _Lost(kind, job, getattr(root, "message", str(root)))
+            details: Sequence[Any] = getattr(root, "details", ()) or ()
+            job = (
+                PlatformJob.model_validate(details[0])
+                if details and isinstance(details[0], dict)
+                else None
+            )
+            extra = details[1] if len(details) > 1 and isinstance(details[1], dict) else {}
+            return _Lost(
+                kind,
+                job,
+                getattr(root, "message", str(root)),
+                applied_step=extra.get("applied_step"),
+            )
         if kind in (policies.TRAINER_BEHIND, policies.ROUTE_RACE_EXHAUSTED):
             return _Lost(kind, None, getattr(root, "message", str(root)))
         if isinstance(root, TimeoutError):
-            return _Terminal(Phase.FAILED, timeout_type, f"{what}: gave up after the declared timeout ({root.type.name})")
-        if isinstance(root, ApplicationError) and not root.non_retryable and kind not in policies.PERMANENT:
+            return _Terminal(
+                Phase.FAILED,
+                timeout_type,
+                f"{what}: gave up after the declared timeout ({root.type.name if root.type else 'timeout'})",
+            )
+        if (
+            isinstance(root, ApplicationError)
+            and not root.non_retryable
+            and kind not in policies.PERMANENT
+        ):
             # Transient errors outlasted the retry policy: a genuine failure, recoverable.
             return _Lost("TransientErrors", None, f"{what}: {root.message}")
         return err
@@ -742,7 +860,9 @@ class TrainingJobWorkflow:
     def _set_phase(self, phase: Phase) -> None:
         now = workflow.now()
         elapsed = (now - self._phase_since).total_seconds()
-        self.s.timings[self.s.phase.value] = round(self.s.timings.get(self.s.phase.value, 0.0) + elapsed, 3)
+        self.s.timings[self.s.phase.value] = round(
+            self.s.timings.get(self.s.phase.value, 0.0) + elapsed, 3
+        )
         self._phase_since = now
         self.s.phase = phase
         self._publish()
@@ -750,7 +870,7 @@ class TrainingJobWorkflow:
     def _publish(self, *, force: bool = False) -> None:
         self.s.updated_at = workflow.now()
         if force or self._published_phase is not self.s.phase:
-            workflow.upsert_search_attributes([sa.PHASE.value_set(self.s.phase.value)])
+            self._upsert([sa.PHASE.value_set(self.s.phase.value)])
             self._published_phase = self.s.phase
         workflow.set_current_details(self.s.summary())
 
@@ -824,7 +944,11 @@ class TrainingJobWorkflow:
             return f"the job is not paused ({self.s.phase.value})"
         if self._resume_requested:
             return "a resume is already in progress"
-        if request and request.checkpoint and not rules.CHECKPOINT_NAME_RE.match(request.checkpoint):
+        if (
+            request
+            and request.checkpoint
+            and not rules.CHECKPOINT_NAME_RE.match(request.checkpoint)
+        ):
             return "checkpoint: must be accounts/<a>/rlorTrainerJobs/<j>/checkpoints/<c>"
         return None
 
@@ -845,7 +969,9 @@ class TrainingJobWorkflow:
     async def request_pause(self, request: PauseRequest) -> PauseResult:
         """Checkpoint, delete the trainer, wait. Returns the checkpoint saved."""
         self._pause_requested = True
-        await workflow.wait_condition(lambda: self.s.phase is Phase.PAUSED or self.s.phase.is_terminal())
+        await workflow.wait_condition(
+            lambda: self.s.phase is Phase.PAUSED or self.s.phase.is_terminal()
+        )
         return PauseResult(checkpoint=self.s.paused_checkpoint, step=self.s.step)
 
     @request_pause.validator
@@ -858,11 +984,12 @@ class TrainingJobWorkflow:
         """Provision a new trainer and continue (from ``checkpoint`` when given)."""
         self._resume_requested = True
         self._resume_checkpoint = request.checkpoint
-        await workflow.wait_condition(lambda: self.s.phase is not Phase.PAUSED and not self._resume_requested)
+        await workflow.wait_condition(
+            lambda: self.s.phase is not Phase.PAUSED and not self._resume_requested
+        )
         return self.s
 
     @request_resume.validator
     def _validate_resume(self, request: ResumeRequest) -> None:
         if problem := self._resume_problem(request):
             raise ValueError(problem)
-

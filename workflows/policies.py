@@ -80,7 +80,10 @@ class ActivityPolicy:
 
     def options(self) -> dict[str, Any]:
         """Keyword arguments for ``workflow.execute_activity`` / ``start_activity``."""
-        opts: dict[str, Any] = {"start_to_close_timeout": self.start_to_close, "retry_policy": self.retry}
+        opts: dict[str, Any] = {
+            "start_to_close_timeout": self.start_to_close,
+            "retry_policy": self.retry,
+        }
         if self.schedule_to_close is not None:
             opts["schedule_to_close_timeout"] = self.schedule_to_close
         if self.heartbeat is not None:
@@ -156,7 +159,9 @@ class Policies:
 
     @classmethod
     def for_spec(cls, p: PoliciesSpec, *, chunk_steps: int) -> Policies:
-        data_plane = ActivityPolicy(start_to_close=p.step_timeout + timedelta(minutes=1), retry=_TRANSIENT)
+        data_plane = ActivityPolicy(
+            start_to_close=p.step_timeout + timedelta(minutes=1), retry=_TRANSIENT
+        )
         return cls(
             resolve_shape=ActivityPolicy(start_to_close=timedelta(seconds=45), retry=_TRANSIENT),
             create_trainer=ActivityPolicy(start_to_close=timedelta(seconds=45), retry=_TRANSIENT),

@@ -62,7 +62,9 @@ class SweepWorkflow:
     @workflow.run
     async def run(self, inp: SweepInput) -> SweepStatus:
         self.s.workflow_id = workflow.info().workflow_id
-        workflow.upsert_search_attributes([sa.SWEEP.value_set(self.s.workflow_id), sa.JOB_NAME.value_set(self.sweep.name)])
+        workflow.upsert_search_attributes(
+            [sa.SWEEP.value_set(self.s.workflow_id), sa.JOB_NAME.value_set(self.sweep.name)]
+        )
         running: dict[int, Any] = {}
         try:
             await self._trials(running)
@@ -85,14 +87,22 @@ class SweepWorkflow:
     # ------------------------------------------------------------------- trials
 
     async def _trials(self, running: dict[int, Any]) -> None:
-        total = min(self.sweep.max_trials, len(self._grid)) if self._grid is not None else self.sweep.max_trials
+        total = (
+            min(self.sweep.max_trials, len(self._grid))
+            if self._grid is not None
+            else self.sweep.max_trials
+        )
         next_index = 0
         while next_index < total or running:
             while len(running) < self.sweep.parallelism and next_index < total:
                 running[next_index] = await self._start(next_index)
                 next_index += 1
-            stop_wanted = asyncio.ensure_future(workflow.wait_condition(lambda: bool(self._to_stop)))
-            await workflow.wait([*running.values(), stop_wanted], return_when=asyncio.FIRST_COMPLETED)
+            stop_wanted = asyncio.ensure_future(
+                workflow.wait_condition(lambda: bool(self._to_stop))
+            )
+            await workflow.wait(
+                [*running.values(), stop_wanted], return_when=asyncio.FIRST_COMPLETED
+            )
             stop_wanted.cancel()
             for index in sorted(self._to_stop):
                 if index in running and self.s.trials[index].state == "running":
@@ -145,7 +155,11 @@ class SweepWorkflow:
         )
         handle = await workflow.start_child_workflow(
             TrainingJobWorkflow.run,
-            JobInput(spec=spec, parent_workflow_id=self.s.workflow_id, report_progress_to=self.s.workflow_id),
+            JobInput(
+                spec=spec,
+                parent_workflow_id=self.s.workflow_id,
+                report_progress_to=self.s.workflow_id,
+            ),
             id=workflow_id,
             task_queue=spec.scheduling.queue or workflow.info().task_queue,
             # If the sweep is closed any other way, its trials still clean up after themselves.
@@ -176,7 +190,9 @@ class SweepWorkflow:
             trial.best_trainer_job_id = status.best.trainer_job_id
         best = self.s.best_trial
         if trial.metric is not None and (
-            best is None or best.metric is None or better(trial.metric, best.metric, minimize=self.sweep.minimize)
+            best is None
+            or best.metric is None
+            or better(trial.metric, best.metric, minimize=self.sweep.minimize)
         ):
             self.s.best = index
 
@@ -202,11 +218,17 @@ class SweepWorkflow:
             base_model=base.trainer.base_model,
         )
         model: ModelInfo = await workflow.execute_activity_method(
-            PromotionActivities.promote_checkpoint, request, **policies.promote.options(), summary=f"promote trial {best.index}"
+            PromotionActivities.promote_checkpoint,
+            request,
+            **policies.promote.options(),
+            summary=f"promote trial {best.index}",
         )
         if model.state != "READY":
             model = await workflow.execute_activity_method(
-                PromotionActivities.wait_for_model, request, **policies.wait_model.options(), summary="wait for the model"
+                PromotionActivities.wait_for_model,
+                request,
+                **policies.wait_model.options(),
+                summary="wait for the model",
             )
         self.s.model = model.name
         workflow.upsert_search_attributes([sa.MODEL.value_set(model.name)])
@@ -218,7 +240,9 @@ class SweepWorkflow:
         best = self.s.best_trial
         line = f"**{self.s.phase}** · {done}/{self.s.max_trials} trials done, {sum(t.state == 'running' for t in self.s.trials)} running"
         if best is not None and best.metric is not None:
-            line += f"\nbest: trial {best.index} {self.sweep.metric} {best.metric:.4f} {best.params}"
+            line += (
+                f"\nbest: trial {best.index} {self.sweep.metric} {best.metric:.4f} {best.params}"
+            )
         if self.s.model:
             line += f"\nmodel: {self.s.model}"
         workflow.set_current_details(line)
@@ -238,6 +262,10 @@ class SweepWorkflow:
         rule = self.sweep.early_stopping
         if rule is None or trial.state != "running":
             return
-        others = [t.reports[progress.step] for t in self.s.trials if t.index != index and progress.step in t.reports]
+        others = [
+            t.reports[progress.step]
+            for t in self.s.trials
+            if t.index != index and progress.step in t.reports
+        ]
         if should_stop(rule, progress.metric, progress.step, others, minimize=self.sweep.minimize):
             self._to_stop.add(index)

@@ -34,7 +34,9 @@ def main() -> None:
     try:
         serve(cfg)
     except PlaneError as exc:
-        structlog.stdlib.get_logger("localplane.trainer").error("trainer.start_failed", error=exc.message)
+        structlog.stdlib.get_logger("localplane.trainer").error(
+            "trainer.start_failed", error=exc.message
+        )
         raise SystemExit(2) from None
 
 

@@ -158,7 +158,9 @@ class TrainerCore:
                         f"batch.examples[{i}]: needs 'x' (a list of {self.arch.n_in} numbers) and 'y' (an int)"
                     )
                 if not 0 <= y < self.arch.n_out:
-                    raise InvalidArgument(f"batch.examples[{i}].y: must be in [0, {self.arch.n_out})")
+                    raise InvalidArgument(
+                        f"batch.examples[{i}].y: must be in [0, {self.arch.n_out})"
+                    )
                 xs.append(x)
                 ys.append(y)
             try:
@@ -207,7 +209,9 @@ class TrainerCore:
 
     # --------------------------------------------------------------- training
 
-    def forward_backward(self, step: int, micro_batch: int, batch: Any) -> tuple[dict[str, Any], bool]:
+    def forward_backward(
+        self, step: int, micro_batch: int, batch: Any
+    ) -> tuple[dict[str, Any], bool]:
         """The answer, and whether it was computed now (False for an idempotent repeat)."""
         if step != self.step + 1:
             if step <= self.step:
@@ -225,7 +229,12 @@ class TrainerCore:
         else:
             loss, grads = self.model.loss_and_grads(x, y)
             self.pending.grads[micro_batch] = grads
-        answer = {"loss": loss, "step": step, "micro_batch": micro_batch, "num_examples": int(len(y))}
+        answer = {
+            "loss": loss,
+            "step": step,
+            "micro_batch": micro_batch,
+            "num_examples": int(len(y)),
+        }
         self.pending.answers[micro_batch] = answer
         return answer, True
 
@@ -271,7 +280,9 @@ class TrainerCore:
                 "grad_norm": global_norm(grads),
                 "learning_rate": float(lr),
                 "num_micro_batches": float(len(order)),
-                "num_examples": float(sum(self.pending.answers[mb]["num_examples"] for mb in order)),
+                "num_examples": float(
+                    sum(self.pending.answers[mb]["num_examples"] for mb in order)
+                ),
             },
         }
         self.history[step] = answer
@@ -288,7 +299,9 @@ class TrainerCore:
         m = rules.CHECKPOINT_NAME_RE.match(name)
         if m:
             if (m["account"], m["job"]) != (self.cfg.account, self.cfg.job):
-                raise InvalidArgument(f"name: a trainer saves only under its own job {self.cfg.job_name}")
+                raise InvalidArgument(
+                    f"name: a trainer saves only under its own job {self.cfg.job_name}"
+                )
             name = m["checkpoint"]
         problem = rules.check_checkpoint_id(name)
         if problem:
@@ -316,7 +329,7 @@ class TrainerCore:
             state["history"] = [[s, a] for s, a in list(self.history.items())[-32:]]
         arrays["state"] = np.frombuffer(json.dumps(state).encode(), dtype=np.uint8)
         buffer = io.BytesIO()
-        np.savez(buffer, **arrays)
+        np.savez(buffer, **arrays)  # type: ignore[arg-type]  # numpy's stubs miss **arrays
         blob = buffer.getvalue()
         path = ckpt.data_path(self.cfg.data_dir, self.cfg.account, self.cfg.job, checkpoint)
         ckpt.atomic_write(path, lambda f: f.write(blob))
@@ -350,7 +363,9 @@ class TrainerCore:
             raise InvalidArgument("name: is required")
         m = rules.CHECKPOINT_NAME_RE.match(name)
         account, job, checkpoint = (
-            (m["account"], m["job"], m["checkpoint"]) if m else (self.cfg.account, self.cfg.job, name)
+            (m["account"], m["job"], m["checkpoint"])
+            if m
+            else (self.cfg.account, self.cfg.job, name)
         )
         if account != self.cfg.account:
             raise PermissionDenied(f"name: checkpoint {name} belongs to another account")
@@ -365,10 +380,16 @@ class TrainerCore:
             state = json.loads(npz["state"].tobytes())
             if state["arch"] != self.arch.fingerprint():
                 diff = {
-                    k: (state["arch"].get(k), v) for k, v in self.arch.fingerprint().items() if state["arch"].get(k) != v
+                    k: (state["arch"].get(k), v)
+                    for k, v in self.arch.fingerprint().items()
+                    if state["arch"].get(k) != v
                 }
-                detail = ", ".join(f"{k} {saved!r} (this trainer: {mine!r})" for k, (saved, mine) in diff.items())
-                raise FailedPrecondition(f"checkpoint {meta.name} was saved by a different model: {detail}")
+                detail = ", ".join(
+                    f"{k} {saved!r} (this trainer: {mine!r})" for k, (saved, mine) in diff.items()
+                )
+                raise FailedPrecondition(
+                    f"checkpoint {meta.name} was saved by a different model: {detail}"
+                )
             params = {k.removeprefix("p/"): npz[k].copy() for k in npz.files if k.startswith("p/")}
             m_state = {k.removeprefix("m/"): npz[k].copy() for k in npz.files if k.startswith("m/")}
             v_state = {k.removeprefix("v/"): npz[k].copy() for k in npz.files if k.startswith("v/")}
@@ -387,9 +408,18 @@ class TrainerCore:
 
     def evaluate(self, options: dict[str, Any]) -> dict[str, Any]:
         max_examples = options.get("max_examples", 1024)
-        if not isinstance(max_examples, int) or isinstance(max_examples, bool) or not 1 <= max_examples <= MAX_EVAL:
+        if (
+            not isinstance(max_examples, int)
+            or isinstance(max_examples, bool)
+            or not 1 <= max_examples <= MAX_EVAL
+        ):
             raise InvalidArgument(f"max_examples: must be an int in [1, {MAX_EVAL}]")
         ds = self._dataset_for(options.get("dataset"), "dataset")
         x, y = ds.eval_set(max_examples)
         loss, accuracy = self.model.loss(x, y)
-        return {"eval_loss": loss, "step": self.step, "accuracy": accuracy, "num_examples": int(len(y))}
+        return {
+            "eval_loss": loss,
+            "step": self.step,
+            "accuracy": accuracy,
+            "num_examples": int(len(y)),
+        }

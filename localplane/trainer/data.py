@@ -84,7 +84,9 @@ class Dataset:
         assert self.x is not None and self.y is not None
         return self.x[index], self.y[index]
 
-    def train_batch(self, seed: int, step: int, micro_batch: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+    def train_batch(
+        self, seed: int, step: int, micro_batch: int, size: int
+    ) -> tuple[np.ndarray, np.ndarray]:
         # A pure function of (seed, step, micro_batch): no hidden cursor to lose on a crash.
         rng = np.random.default_rng([seed, step, micro_batch])
         return self.examples(rng.integers(0, self.n_train, size=size))
@@ -120,11 +122,48 @@ def text_examples(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
 
 # ------------------------------------------------------------------------------ builtins
 
-_WORDS = (
-    "the a model trainer learns data step loss weights gradient checkpoint route gateway "
-    "job node spot resume warm cold fast slow small large batch epoch signal worker queue "
-    "shepherd temporal durable retry policy promote deploy evaluate held out token sample"
-).split()
+_WORDS = [
+    "the",
+    "a",
+    "model",
+    "trainer",
+    "learns",
+    "data",
+    "step",
+    "loss",
+    "weights",
+    "gradient",
+    "checkpoint",
+    "route",
+    "gateway",
+    "job",
+    "node",
+    "spot",
+    "resume",
+    "warm",
+    "cold",
+    "fast",
+    "slow",
+    "small",
+    "large",
+    "batch",
+    "epoch",
+    "signal",
+    "worker",
+    "queue",
+    "shepherd",
+    "temporal",
+    "durable",
+    "retry",
+    "policy",
+    "promote",
+    "deploy",
+    "evaluate",
+    "held",
+    "out",
+    "token",
+    "sample",
+]
 
 
 def _synthetic_text() -> Dataset:
@@ -205,9 +244,13 @@ def _load_jsonl(name: str, path: Path) -> Dataset:
             if "x" in record:
                 x, y = record.get("x"), record.get("y")
                 if not (isinstance(x, list) and x and isinstance(y, int) and y >= 0):
-                    raise DatasetError(f"line {line_no}: 'x' must be a non-empty list and 'y' an int >= 0")
+                    raise DatasetError(
+                        f"line {line_no}: 'x' must be a non-empty list and 'y' an int >= 0"
+                    )
                 if xs and len(x) != len(xs[0]):
-                    raise DatasetError(f"line {line_no}: 'x' has {len(x)} features, earlier lines {len(xs[0])}")
+                    raise DatasetError(
+                        f"line {line_no}: 'x' has {len(x)} features, earlier lines {len(xs[0])}"
+                    )
                 xs.append([float(v) for v in x])
                 ys.append(y)
             else:

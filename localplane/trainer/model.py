@@ -53,11 +53,15 @@ class Architecture:
 class TinyModel:
     def __init__(self, arch: Architecture, seed: int) -> None:
         self.arch = arch
-        base_rng = np.random.default_rng(stable_seed("base", arch.base_model, arch.n_in, arch.n_hidden, arch.n_out))
+        base_rng = np.random.default_rng(
+            stable_seed("base", arch.base_model, arch.n_in, arch.n_hidden, arch.n_out)
+        )
         self.base = {
             "w1": base_rng.normal(0.0, 1.0 / np.sqrt(arch.n_in), size=(arch.n_in, arch.n_hidden)),
             "b1": np.zeros(arch.n_hidden),
-            "w2": base_rng.normal(0.0, 1.0 / np.sqrt(arch.n_hidden), size=(arch.n_hidden, arch.n_out)),
+            "w2": base_rng.normal(
+                0.0, 1.0 / np.sqrt(arch.n_hidden), size=(arch.n_hidden, arch.n_out)
+            ),
             "b2": np.zeros(arch.n_out),
         }
         r = arch.lora_rank

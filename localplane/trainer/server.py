@@ -223,8 +223,17 @@ def serve(cfg: TrainerConfig, host: str = "127.0.0.1") -> None:
         loop = asyncio.get_running_loop()
         if cfg.inactivity_timeout_s > 0:
             app.state.idle_task = loop.create_task(_watch_inactivity(app, cfg.inactivity_timeout_s))
-        log.info("trainer.ready", port=port, job=cfg.job_name, generation=cfg.generation, stand_in=core.arch.stand_in)
-        print(READY_PREFIX + json.dumps({"port": port, "pid": os.getpid()}), flush=True)
+        log.info(
+            "trainer.ready",
+            port=port,
+            job=cfg.job_name,
+            generation=cfg.generation,
+            stand_in=core.arch.stand_in,
+        )
+        # The plane reads this line from our stdout: the trainer's "I serve on this port".
+        print(READY_PREFIX + json.dumps({"port": port, "pid": os.getpid()}), flush=True)  # noqa: T201
 
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", log_config=None)
+    config = uvicorn.Config(
+        app, log_level="warning", access_log=False, lifespan="off", log_config=None
+    )
     ReadyServer(config, announce).run(sockets=[sock])

@@ -38,7 +38,9 @@ CONNECTION = Connection()
 async def shepherd() -> Any:
     from shepherd.client import Shepherd
 
-    return await Shepherd.connect(CONNECTION.address, CONNECTION.namespace, task_queue=CONNECTION.task_queue)
+    return await Shepherd.connect(
+        CONNECTION.address, CONNECTION.namespace, task_queue=CONNECTION.task_queue
+    )
 
 
 def ui_link(workflow_id: str) -> str:
@@ -65,12 +67,18 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     except JobFailed as exc:
         fail(str(exc), EXIT_FAILED)
     except WorkflowUpdateFailedError as exc:
-        fail(f"refused: {exc.cause.message if exc.cause and hasattr(exc.cause, 'message') else exc}", EXIT_FAILED)
+        fail(
+            f"refused: {exc.cause.message if exc.cause and hasattr(exc.cause, 'message') else exc}",
+            EXIT_FAILED,
+        )
     except RPCError as exc:
         if exc.status == RPCStatusCode.NOT_FOUND:
             fail(f"not found: {exc.message}", EXIT_NOT_FOUND)
         if exc.status in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED):
-            fail(f"cannot reach Temporal ({exc.message}); is `shepherd dev` running? (TEMPORAL_ADDRESS)", EXIT_UNREACHABLE)
+            fail(
+                f"cannot reach Temporal ({exc.message}); is `shepherd dev` running? (TEMPORAL_ADDRESS)",
+                EXIT_UNREACHABLE,
+            )
         fail(f"{exc.status.name if exc.status else 'error'}: {exc.message}", EXIT_FAILED)
     except KeyError as exc:
         fail(str(exc.args[0]) if exc.args else "not found", EXIT_NOT_FOUND)
@@ -78,5 +86,8 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
         fail(str(exc), EXIT_INVALID)
     except RuntimeError as exc:
         if "connect" in str(exc).lower():
-            fail(f"cannot reach Temporal: {exc}; is `shepherd dev` running? (TEMPORAL_ADDRESS)", EXIT_UNREACHABLE)
+            fail(
+                f"cannot reach Temporal: {exc}; is `shepherd dev` running? (TEMPORAL_ADDRESS)",
+                EXIT_UNREACHABLE,
+            )
         raise

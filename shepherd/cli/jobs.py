@@ -8,10 +8,20 @@ from typing import Annotated, Any
 import typer
 
 from shepherd.cli.common import EXIT_FAILED, fail, run, shepherd, ui_link
-from shepherd.cli.render import console, job_table, outcome_line, print_json, show_status, watch_progress
+from shepherd.cli.render import (
+    console,
+    job_table,
+    outcome_line,
+    print_json,
+    show_status,
+    watch_progress,
+)
 from shepherd.phases import Phase
 
-SetOption = Annotated[list[str] | None, typer.Option("--set", help="Override a field: path.to.field=value (repeatable).")]
+SetOption = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="Override a field: path.to.field=value (repeatable)."),
+]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print data as JSON.")]
 
 
@@ -33,8 +43,12 @@ def register(app: typer.Typer) -> None:
     def submit(
         spec: Annotated[Path, typer.Argument(help="The job spec (YAML or JSON).")],
         overrides: SetOption = None,
-        watch: Annotated[bool, typer.Option("--watch", "-w", help="Follow progress until the end.")] = False,
-        workflow_id: Annotated[str | None, typer.Option("--id", help="Workflow id (default job-<name>-<suffix>).")] = None,
+        watch: Annotated[
+            bool, typer.Option("--watch", "-w", help="Follow progress until the end.")
+        ] = False,
+        workflow_id: Annotated[
+            str | None, typer.Option("--id", help="Workflow id (default job-<name>-<suffix>).")
+        ] = None,
         as_json: JsonOption = False,
     ) -> None:
         """Validate a spec and start the job (nothing is started when the spec is invalid)."""
@@ -45,7 +59,9 @@ def register(app: typer.Typer) -> None:
             if as_json and not watch:
                 print_json({"workflow_id": job.id, "ui": ui_link(job.id)})
             elif not as_json:
-                console.print(f"submitted [bold]{job.id}[/bold]  ·  {ui_link(job.id)}", highlight=False)
+                console.print(
+                    f"submitted [bold]{job.id}[/bold]  ·  {ui_link(job.id)}", highlight=False
+                )
             if watch:
                 await _follow(job, as_json)
 
@@ -72,7 +88,9 @@ def register(app: typer.Typer) -> None:
 
     @app.command("list")
     def list_jobs(
-        label: Annotated[list[str] | None, typer.Option("--label", "-l", help="key=value (repeatable).")] = None,
+        label: Annotated[
+            list[str] | None, typer.Option("--label", "-l", help="key=value (repeatable).")
+        ] = None,
         phase: Annotated[str | None, typer.Option(help="e.g. TRAINING, COMPLETED.")] = None,
         name: Annotated[str | None, typer.Option(help="The spec's name.")] = None,
         limit: Annotated[int, typer.Option(min=1)] = 50,
@@ -89,32 +107,42 @@ def register(app: typer.Typer) -> None:
             fail(f"--phase {phase!r}: must be one of {', '.join(Phase.__members__)}", 2)
 
         async def go() -> None:
-            rows = await (await shepherd()).list(labels=labels, phase=phase.upper() if phase else None, name=name, limit=limit)
+            rows = await (await shepherd()).list(
+                labels=labels, phase=phase.upper() if phase else None, name=name, limit=limit
+            )
             print_json(rows) if as_json else job_table(rows)
 
         run(go())
 
     @app.command()
-    def pause(workflow_id: str, reason: Annotated[str, typer.Option()] = "", as_json: JsonOption = False) -> None:
+    def pause(
+        workflow_id: str, reason: Annotated[str, typer.Option()] = "", as_json: JsonOption = False
+    ) -> None:
         """Checkpoint, delete the trainer (no GPU held), wait for resume."""
 
         async def go() -> None:
             result = await (await shepherd()).get(workflow_id).pause(reason)
-            print_json(result) if as_json else console.print(f"paused at step {result.step} · checkpoint {result.checkpoint}")
+            print_json(result) if as_json else console.print(
+                f"paused at step {result.step} · checkpoint {result.checkpoint}"
+            )
 
         run(go())
 
     @app.command()
     def resume(
         workflow_id: str,
-        checkpoint: Annotated[str | None, typer.Option(help="Resume from this checkpoint (default: the pause's).")] = None,
+        checkpoint: Annotated[
+            str | None, typer.Option(help="Resume from this checkpoint (default: the pause's).")
+        ] = None,
         as_json: JsonOption = False,
     ) -> None:
         """Provision a new trainer and continue from the pause's (or the given) checkpoint."""
 
         async def go() -> None:
             st = await (await shepherd()).get(workflow_id).resume(checkpoint)
-            print_json(st) if as_json else console.print(f"resumed: {st.phase.value} (trainer generation {st.generation + 1})")
+            print_json(st) if as_json else console.print(
+                f"resumed: {st.phase.value} (trainer generation {st.generation + 1})"
+            )
 
         run(go())
 
@@ -131,7 +159,9 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def retry(
         workflow_id: str,
-        from_checkpoint: Annotated[str | None, typer.Option(help="Default: the job's best, else last checkpoint.")] = None,
+        from_checkpoint: Annotated[
+            str | None, typer.Option(help="Default: the job's best, else last checkpoint.")
+        ] = None,
         overrides: SetOption = None,
         watch: Annotated[bool, typer.Option("--watch", "-w")] = False,
         as_json: JsonOption = False,
@@ -139,11 +169,18 @@ def register(app: typer.Typer) -> None:
         """A new job from a checkpoint of this one, with changed resources, linked to it."""
 
         async def go() -> None:
-            job = await (await shepherd()).get(workflow_id).retry(from_checkpoint=from_checkpoint, overrides=overrides)
+            job = (
+                await (await shepherd())
+                .get(workflow_id)
+                .retry(from_checkpoint=from_checkpoint, overrides=overrides)
+            )
             if as_json and not watch:
                 print_json({"workflow_id": job.id, "parent": workflow_id})
             elif not as_json:
-                console.print(f"retrying as [bold]{job.id}[/bold] (parent {workflow_id})  ·  {ui_link(job.id)}", highlight=False)
+                console.print(
+                    f"retrying as [bold]{job.id}[/bold] (parent {workflow_id})  ·  {ui_link(job.id)}",
+                    highlight=False,
+                )
             if watch:
                 await _follow(job, as_json)
 
@@ -164,7 +201,9 @@ def register(app: typer.Typer) -> None:
             table = Table("checkpoint", "step", st.eval_metric, "best")
             for c in st.checkpoints:
                 best = "*" if st.best and st.best.name == c.name else ""
-                table.add_row(c.name, str(c.step), "-" if c.metric is None else f"{c.metric:.4f}", best)
+                table.add_row(
+                    c.name, str(c.step), "-" if c.metric is None else f"{c.metric:.4f}", best
+                )
             console.print(table)
 
         run(go())

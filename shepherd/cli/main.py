@@ -25,9 +25,13 @@ app = typer.Typer(
 
 @app.callback()
 def _root(
-    address: Annotated[str | None, typer.Option(envvar="TEMPORAL_ADDRESS", help="Temporal frontend, host:port.")] = None,
+    address: Annotated[
+        str | None, typer.Option(envvar="TEMPORAL_ADDRESS", help="Temporal frontend, host:port.")
+    ] = None,
     namespace: Annotated[str | None, typer.Option(envvar="TEMPORAL_NAMESPACE")] = None,
-    task_queue: Annotated[str | None, typer.Option(envvar="SHEPHERD_TASK_QUEUE", help="The workers' task queue.")] = None,
+    task_queue: Annotated[
+        str | None, typer.Option(envvar="SHEPHERD_TASK_QUEUE", help="The workers' task queue.")
+    ] = None,
 ) -> None:
     """Run GPU training jobs as durable Temporal workflows."""
     from shepherd.cli.common import CONNECTION
@@ -37,16 +41,44 @@ def _root(
 
 @app.command()
 def plane(
-    port: Annotated[int, typer.Option(envvar="SHEPHERD_PLANE_PORT", help="Port (0: any free port).")] = 8300,
+    port: Annotated[
+        int, typer.Option(envvar="SHEPHERD_PLANE_PORT", help="Port (0: any free port).")
+    ] = 8300,
     host: Annotated[str, typer.Option(envvar="SHEPHERD_PLANE_HOST")] = "127.0.0.1",
-    data_dir: Annotated[Path, typer.Option(envvar="SHEPHERD_PLANE_DATA_DIR", help="State: SQLite, checkpoints, models.")] = Path(".shepherd/plane"),
-    api_key: Annotated[str | None, typer.Option(envvar="SHEPHERD_PLANE_API_KEY", help="The dev account's key (generated when not given).", show_default=False)] = None,
-    admin_key: Annotated[str | None, typer.Option(envvar="SHEPHERD_PLANE_ADMIN_KEY", help="The admin API's key (generated when not given).", show_default=False)] = None,
+    data_dir: Annotated[
+        Path,
+        typer.Option(envvar="SHEPHERD_PLANE_DATA_DIR", help="State: SQLite, checkpoints, models."),
+    ] = Path(".shepherd/plane"),
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            envvar="SHEPHERD_PLANE_API_KEY",
+            help="The dev account's key (generated when not given).",
+            show_default=False,
+        ),
+    ] = None,
+    admin_key: Annotated[
+        str | None,
+        typer.Option(
+            envvar="SHEPHERD_PLANE_ADMIN_KEY",
+            help="The admin API's key (generated when not given).",
+            show_default=False,
+        ),
+    ] = None,
     account: Annotated[str, typer.Option(envvar="SHEPHERD_PLANE_ACCOUNT_ID")] = "dev",
     capacity: Annotated[int | None, typer.Option(help="Trainer slots.")] = None,
-    boot_delay: Annotated[float | None, typer.Option(help="Seconds a trainer spends in CREATING.")] = None,
-    config: Annotated[str | None, typer.Option(help="Operating config as JSON, e.g. '{\"routeLagSeconds\": {\"min\": 0, \"max\": 5}}'.")] = None,
-    ready_file: Annotated[Path | None, typer.Option(help="Write {url, port, pid} here once serving.")] = None,
+    boot_delay: Annotated[
+        float | None, typer.Option(help="Seconds a trainer spends in CREATING.")
+    ] = None,
+    config: Annotated[
+        str | None,
+        typer.Option(
+            help='Operating config as JSON, e.g. \'{"routeLagSeconds": {"min": 0, "max": 5}}\'.'
+        ),
+    ] = None,
+    ready_file: Annotated[
+        Path | None, typer.Option(help="Write {url, port, pid} here once serving.")
+    ] = None,
 ) -> None:
     """Run localplane, the embedded trainer platform."""
     from localplane.config import PlaneSettings
@@ -96,9 +128,16 @@ def _banner(lines: list[tuple[str, str]]) -> None:
 
 @app.command()
 def server(
-    port: Annotated[int, typer.Option("--port", envvar="SHEPHERD_TEMPORAL_PORT", help="Temporal frontend (gRPC).")] = 7233,
-    ui_port: Annotated[int, typer.Option(envvar="SHEPHERD_UI_PORT", help="Temporal Web UI.")] = 8233,
-    state_dir: Annotated[Path, typer.Option(envvar="SHEPHERD_STATE_DIR", help="SQLite database and logs.")] = STATE_DIR,
+    port: Annotated[
+        int,
+        typer.Option("--port", envvar="SHEPHERD_TEMPORAL_PORT", help="Temporal frontend (gRPC)."),
+    ] = 7233,
+    ui_port: Annotated[
+        int, typer.Option(envvar="SHEPHERD_UI_PORT", help="Temporal Web UI.")
+    ] = 8233,
+    state_dir: Annotated[
+        Path, typer.Option(envvar="SHEPHERD_STATE_DIR", help="SQLite database and logs.")
+    ] = STATE_DIR,
     headless: Annotated[bool, typer.Option(help="No Web UI.")] = False,
 ) -> None:
     """Run the Temporal dev server (SQLite under the state dir, Shepherd's search attributes)."""
@@ -111,7 +150,9 @@ def server(
         if not headless:
             lines.append(("Web UI", temporal.ui_url))
         _banner(lines)
-        why = run_until_signalled(lambda: "Temporal" if temporal.proc and temporal.proc.poll() is not None else None)
+        why = run_until_signalled(
+            lambda: "Temporal" if temporal.proc and temporal.proc.poll() is not None else None
+        )
     finally:
         temporal.stop()
     if why != "signal":
@@ -120,8 +161,17 @@ def server(
 
 @app.command()
 def worker(
-    task_queue: Annotated[list[str] | None, typer.Option("--task-queue", "-q", help="Task queue(s) to poll (default $SHEPHERD_TASK_QUEUE or 'shepherd').")] = None,
-    ready_file: Annotated[Path | None, typer.Option(help="Write {pid, task_queues} here once polling.")] = None,
+    task_queue: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--task-queue",
+            "-q",
+            help="Task queue(s) to poll (default $SHEPHERD_TASK_QUEUE or 'shepherd').",
+        ),
+    ] = None,
+    ready_file: Annotated[
+        Path | None, typer.Option(help="Write {pid, task_queues} here once polling.")
+    ] = None,
 ) -> None:
     """Run a worker: the lifecycle workflow and its activities. Connects to $TEMPORAL_ADDRESS;
     backends come from $SHEPHERD_BACKENDS / $SHEPHERD_BACKEND_<NAME>_* (see workers/config.py)."""
@@ -137,14 +187,22 @@ def dev(
     plane_port: Annotated[int, typer.Option(envvar="SHEPHERD_PLANE_PORT")] = 8300,
     state_dir: Annotated[Path, typer.Option(envvar="SHEPHERD_STATE_DIR")] = STATE_DIR,
     task_queue: Annotated[str, typer.Option(envvar="SHEPHERD_TASK_QUEUE")] = "shepherd",
-    ready_file: Annotated[Path | None, typer.Option(help="Write the stack's addresses here once everything is up.")] = None,
+    ready_file: Annotated[
+        Path | None, typer.Option(help="Write the stack's addresses here once everything is up.")
+    ] = None,
 ) -> None:
     """Start the whole embedded stack in the foreground: the Temporal dev server with its Web UI,
     localplane and a worker. Ctrl-C (or SIGTERM) stops all of them."""
     from workers.devstack import DevStack, run_until_signalled, write_ready
 
     configure_logging()
-    stack = DevStack(state_dir, temporal_port=temporal_port, ui_port=ui_port, plane_port=plane_port, task_queue=task_queue)
+    stack = DevStack(
+        state_dir,
+        temporal_port=temporal_port,
+        ui_port=ui_port,
+        plane_port=plane_port,
+        task_queue=task_queue,
+    )
     stack.start()
     try:
         info = stack.info()
@@ -173,13 +231,20 @@ def dev(
 
 @app.command()
 def demo(
-    state_dir: Annotated[Path | None, typer.Option(help="Keep the stack's state here (default: a temporary dir).")] = None,
-    keep: Annotated[bool, typer.Option(help="Leave the stack up afterwards (for the Web UI) until Ctrl-C.")] = False,
-    spec: Annotated[Path | None, typer.Option(help="Another spec than examples/quickstart.yaml.")] = None,
+    state_dir: Annotated[
+        Path | None, typer.Option(help="Keep the stack's state here (default: a temporary dir).")
+    ] = None,
+    keep: Annotated[
+        bool, typer.Option(help="Leave the stack up afterwards (for the Web UI) until Ctrl-C.")
+    ] = False,
+    spec: Annotated[
+        Path | None, typer.Option(help="Another spec than examples/quickstart.yaml.")
+    ] = None,
 ) -> None:
     """Run the quickstart job end to end on the embedded stack, with a preemption and a route
     race injected midway; exit 0 only on success."""
-    from workers.demo import QUICKSTART, main as run_demo
+    from workers.demo import QUICKSTART
+    from workers.demo import main as run_demo
 
     configure_logging(level="WARNING")
     raise typer.Exit(run_demo(state_dir=state_dir, keep=keep, spec_path=spec or QUICKSTART))

@@ -9,7 +9,14 @@ from typing import Any
 
 from pydantic import BaseModel
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    Progress,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 from shepherd.models import JobStatus
@@ -23,7 +30,9 @@ def as_json(value: Any) -> str:
     if isinstance(value, BaseModel):
         return value.model_dump_json(indent=2)
     if isinstance(value, list):
-        return json.dumps([v.model_dump(mode="json") if isinstance(v, BaseModel) else v for v in value], indent=2)
+        return json.dumps(
+            [v.model_dump(mode="json") if isinstance(v, BaseModel) else v for v in value], indent=2
+        )
     return json.dumps(value, indent=2, default=str)
 
 
@@ -50,7 +59,10 @@ def show_status(status: JobStatus) -> None:
         (status.eval_metric, f"{status.eval_value:.4f}" if status.eval_value is not None else "-"),
         ("best", f"{status.best.name} (step {status.best.step})" if status.best else "-"),
         ("checkpoints", str(len(status.checkpoints))),
-        ("recoveries", f"{len(status.recoveries)} (preemptions {status.preemptions}, failures {status.failures})"),
+        (
+            "recoveries",
+            f"{len(status.recoveries)} (preemptions {status.preemptions}, failures {status.failures})",
+        ),
         ("model", f"{status.model.name} ({status.model.state})" if status.model else "-"),
         ("elapsed", _age(status)),
         ("cleanup", status.cleanup),
@@ -83,7 +95,9 @@ async def watch_progress(updates: AsyncIterator[JobStatus]) -> JobStatus:
         TextColumn("{task.fields[phase]:<13}"),
         BarColumn(),
         TaskProgressColumn(),
-        TextColumn("{task.completed:.0f}/{task.total:.0f}  loss {task.fields[loss]}  {task.fields[recoveries]}"),
+        TextColumn(
+            "{task.completed:.0f}/{task.total:.0f}  loss {task.fields[loss]}  {task.fields[recoveries]}"
+        ),
         TimeRemainingColumn(),
         TimeElapsedColumn(),
     )
@@ -93,7 +107,9 @@ async def watch_progress(updates: AsyncIterator[JobStatus]) -> JobStatus:
         async for status in updates:
             final = status
             if bar is None:
-                bar = progress.add_task("job", total=max(1, status.total_steps), phase="", loss="-", recoveries="")
+                bar = progress.add_task(
+                    "job", total=max(1, status.total_steps), phase="", loss="-", recoveries=""
+                )
             progress.update(
                 bar,
                 completed=status.step,

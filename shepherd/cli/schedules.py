@@ -28,13 +28,21 @@ def _duration(value: str | None, flag: str) -> timedelta | None:
 
 
 def _show(info: ScheduleInfo) -> None:
-    console.print(f"[bold]{info.name}[/bold]  ({info.schedule_id})  {info.spec}  overlap={info.overlap}")
-    console.print(f"  paused: {info.paused}   note: {info.note or '-'}   runs so far: {info.total_runs}")
+    console.print(
+        f"[bold]{info.name}[/bold]  ({info.schedule_id})  {info.spec}  overlap={info.overlap}"
+    )
+    console.print(
+        f"  paused: {info.paused}   note: {info.note or '-'}   runs so far: {info.total_runs}"
+    )
     console.print("  next runs: " + (", ".join(t.isoformat() for t in info.next_runs) or "-"))
     if info.recent_runs:
         table = Table("run", "scheduled", "outcome")
         for r in info.recent_runs:
-            table.add_row(r.workflow_id, r.scheduled_at.isoformat() if r.scheduled_at else "-", r.outcome or "-")
+            table.add_row(
+                r.workflow_id,
+                r.scheduled_at.isoformat() if r.scheduled_at else "-",
+                r.outcome or "-",
+            )
         console.print(table)
 
 
@@ -42,14 +50,24 @@ def _show(info: ScheduleInfo) -> None:
 def create(
     name: str,
     spec: Path,
-    cron: Annotated[list[str] | None, typer.Option(help="Cron expression (repeatable), e.g. '0 3 * * *'.")] = None,
+    cron: Annotated[
+        list[str] | None, typer.Option(help="Cron expression (repeatable), e.g. '0 3 * * *'.")
+    ] = None,
     every: Annotated[str | None, typer.Option(help="Interval, e.g. 10m, 6h.")] = None,
-    overlap: Annotated[str, typer.Option(help="skip | buffer_one | cancel_other | allow_all")] = "skip",
-    catchup_window: Annotated[str | None, typer.Option(help="How late a missed run may still start, e.g. 1h.")] = None,
-    jitter: Annotated[str | None, typer.Option(help="Random delay added to each run, e.g. 30s.")] = None,
+    overlap: Annotated[
+        str, typer.Option(help="skip | buffer_one | cancel_other | allow_all")
+    ] = "skip",
+    catchup_window: Annotated[
+        str | None, typer.Option(help="How late a missed run may still start, e.g. 1h.")
+    ] = None,
+    jitter: Annotated[
+        str | None, typer.Option(help="Random delay added to each run, e.g. 30s.")
+    ] = None,
     paused: Annotated[bool, typer.Option("--paused", help="Create it paused.")] = False,
     note: Annotated[str, typer.Option()] = "",
-    overrides: Annotated[list[str] | None, typer.Option("--set", help="path.to.field=value (repeatable).")] = None,
+    overrides: Annotated[
+        list[str] | None, typer.Option("--set", help="path.to.field=value (repeatable).")
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Run SPEC on a cron or an interval; the spec may use {scheduled_time:%Y%m%d}-style templates."""
@@ -67,8 +85,15 @@ def create(
         sh = await shepherd()
         job_spec = load_job_spec(spec, overrides)
         info = await sh.schedules.create(
-            name, job_spec, cron=cron, every=interval, overlap=overlap,  # type: ignore[arg-type]
-            catchup_window=window, jitter=spread, paused=paused, note=note,
+            name,
+            job_spec,
+            cron=cron,
+            every=interval,
+            overlap=overlap,
+            catchup_window=window,
+            jitter=spread,
+            paused=paused,
+            note=note,
         )
         print_json(info) if as_json else _show(info)
 
@@ -86,7 +111,13 @@ def list_schedules(as_json: JsonOption = False) -> None:
             return
         table = Table("schedule", "spec", "paused", "next run", "runs")
         for i in infos:
-            table.add_row(i.name, i.spec, str(i.paused), i.next_runs[0].isoformat() if i.next_runs else "-", str(i.total_runs))
+            table.add_row(
+                i.name,
+                i.spec,
+                str(i.paused),
+                i.next_runs[0].isoformat() if i.next_runs else "-",
+                str(i.total_runs),
+            )
         console.print(table)
 
     run(go())
@@ -119,13 +150,15 @@ def trigger(name: str, overlap: Annotated[str | None, typer.Option()] = None) ->
     """Start a run now."""
     if overlap is not None and overlap not in OVERLAP:
         fail(f"--overlap {overlap!r}: must be one of {', '.join(OVERLAP)}", 2)
-    run(_then(lambda sh: sh.schedules.trigger(name, overlap), f"triggered {name}"))  # type: ignore[arg-type]
+    run(_then(lambda sh: sh.schedules.trigger(name, overlap), f"triggered {name}"))
 
 
 @app.command()
 def backfill(
     name: str,
-    start: Annotated[str, typer.Argument(metavar="FROM", help="ISO time, e.g. 2026-11-01T00:00:00Z")],
+    start: Annotated[
+        str, typer.Argument(metavar="FROM", help="ISO time, e.g. 2026-11-01T00:00:00Z")
+    ],
     end: Annotated[str, typer.Argument(metavar="TO")],
     overlap: Annotated[str, typer.Option()] = "allow_all",
 ) -> None:
@@ -136,7 +169,12 @@ def backfill(
         fail(f"FROM/TO: {exc}", 2)
     if overlap not in OVERLAP:
         fail(f"--overlap {overlap!r}: must be one of {', '.join(OVERLAP)}", 2)
-    run(_then(lambda sh: sh.schedules.backfill(name, begin, finish, overlap), f"backfilled {name} from {begin} to {finish}"))  # type: ignore[arg-type]
+    run(
+        _then(
+            lambda sh: sh.schedules.backfill(name, begin, finish, overlap),
+            f"backfilled {name} from {begin} to {finish}",
+        )
+    )
 
 
 @app.command()
@@ -145,6 +183,6 @@ def delete(name: str) -> None:
     run(_then(lambda sh: sh.schedules.delete(name), f"deleted {name}"))
 
 
-async def _then(action, message: str) -> None:  # type: ignore[no-untyped-def]
+async def _then(action, message: str) -> None:
     await action(await shepherd())
     console.print(message)

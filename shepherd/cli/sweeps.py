@@ -25,17 +25,28 @@ def show(status: SweepStatus) -> None:
     table = Table("trial", *names, status.metric, "state", "step")
     for t in status.trials:
         star = " *" if status.best == t.index else ""
-        values = [f"{t.params[n]:.4g}" if isinstance(t.params.get(n), float) else str(t.params.get(n)) for n in names]
-        table.add_row(f"{t.index}{star}", *values, "-" if t.metric is None else f"{t.metric:.4f}", t.state, str(t.step))
+        values = [
+            f"{t.params[n]:.4g}" if isinstance(t.params.get(n), float) else str(t.params.get(n))
+            for n in names
+        ]
+        table.add_row(
+            f"{t.index}{star}",
+            *values,
+            "-" if t.metric is None else f"{t.metric:.4f}",
+            t.state,
+            str(t.step),
+        )
     console.print(table)
     best = status.best_trial
     if best is not None:
-        console.print(f"best: trial {best.index} ({status.metric} {best.metric:.4f})  {best.params}")
+        console.print(
+            f"best: trial {best.index} ({status.metric} {best.metric:.4f})  {best.params}"
+        )
     if status.model:
         console.print(f"promoted: {status.model}")
 
 
-async def _follow(handle, as_json: bool) -> SweepStatus:  # type: ignore[no-untyped-def]
+async def _follow(handle, as_json: bool) -> SweepStatus:
     final = None
     async for status in handle.watch():
         final = status
@@ -43,7 +54,9 @@ async def _follow(handle, as_json: bool) -> SweepStatus:  # type: ignore[no-unty
             print(status.model_dump_json())
         else:
             done = sum(t.state in ("completed", "stopped", "failed") for t in status.trials)
-            console.print(f"{status.phase}: {done}/{status.max_trials} done, {sum(t.state == 'running' for t in status.trials)} running")
+            console.print(
+                f"{status.phase}: {done}/{status.max_trials} done, {sum(t.state == 'running' for t in status.trials)} running"
+            )
     assert final is not None
     if not as_json:
         show(final)
@@ -53,7 +66,9 @@ async def _follow(handle, as_json: bool) -> SweepStatus:  # type: ignore[no-unty
 @app.command()
 def submit(
     sweep: Annotated[Path, typer.Argument(help="The sweep spec (YAML/JSON).")],
-    overrides: Annotated[list[str] | None, typer.Option("--set", help="Override a base-spec field (repeatable).")] = None,
+    overrides: Annotated[
+        list[str] | None, typer.Option("--set", help="Override a base-spec field (repeatable).")
+    ] = None,
     watch: Annotated[bool, typer.Option("--watch", "-w")] = False,
     as_json: JsonOption = False,
 ) -> None:
@@ -65,7 +80,10 @@ def submit(
         if as_json and not watch:
             print_json({"workflow_id": handle.id, "ui": ui_link(handle.id)})
         elif not as_json:
-            console.print(f"submitted sweep [bold]{handle.id}[/bold]  ·  {ui_link(handle.id)}", highlight=False)
+            console.print(
+                f"submitted sweep [bold]{handle.id}[/bold]  ·  {ui_link(handle.id)}",
+                highlight=False,
+            )
         if watch:
             final = await _follow(handle, as_json)
             if final.phase != "COMPLETED":

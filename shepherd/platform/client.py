@@ -266,9 +266,7 @@ class PlatformClient:
         m = rules.SHAPE_REF_RE.match(shape_ref)
         if not m:
             raise ValueError(f"training shape ref {shape_ref!r} {rules.SHAPE_REF_RULE}")
-        url = (
-            f"{self.base_url}/v1/accounts/{_q(m['account'])}/trainingShapes/{_q(m['shape'])}/versions"
-        )
+        url = f"{self.base_url}/v1/accounts/{_q(m['account'])}/trainingShapes/{_q(m['shape'])}/versions"
         body = await self._t.request(
             "GET", url, params={"filter": "latest_validated=true", "pageSize": 1}
         )
@@ -372,9 +370,7 @@ class PlatformClient:
         """The data plane of one job, through the gateway."""
         m = rules.JOB_NAME_RE.match(await self.job_name(job_id))
         assert m is not None
-        base = (
-            f"{self.gateway_url}/training/v1/rlorTrainerJobs/{_q(m['account'])}/{_q(m['job'])}"
-        )
+        base = f"{self.gateway_url}/training/v1/rlorTrainerJobs/{_q(m['account'])}/{_q(m['job'])}"
         return TrainerClient(self._t, base)
 
     def trainer_at(self, url: str) -> TrainerClient:
@@ -430,7 +426,9 @@ class TrainerClient:
         return LoadWeightsResponse.model_validate(await self._call("load_weights", {"name": name}))
 
     async def list_checkpoints(self) -> list[Checkpoint]:
-        return TrainerCheckpointList.model_validate(await self._call("list_checkpoints")).checkpoints
+        return TrainerCheckpointList.model_validate(
+            await self._call("list_checkpoints")
+        ).checkpoints
 
     async def evaluate(self, **options: Any) -> EvaluateResponse:
         return EvaluateResponse.model_validate(await self._call("evaluate", options))

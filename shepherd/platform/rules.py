@@ -27,9 +27,7 @@ SHAPE_REF_RE: Final = re.compile(
     r"^accounts/(?P<account>[a-z0-9][a-z0-9-]{0,62})/trainingShapes/(?P<shape>[a-z0-9][a-z0-9.-]{0,62})"
     r"(?:/versions/(?P<version>[a-z0-9][a-z0-9.-]{0,62}))?$"
 )
-SHAPE_REF_RULE: Final = (
-    "must be accounts/<account>/trainingShapes/<shape> or accounts/<account>/trainingShapes/<shape>/versions/<version>"
-)
+SHAPE_REF_RULE: Final = "must be accounts/<account>/trainingShapes/<shape> or accounts/<account>/trainingShapes/<shape>/versions/<version>"
 
 MODEL_NAME_RE: Final = re.compile(r"^accounts/(?P<account>[^/]+)/models/(?P<model>[^/]+)$")
 JOB_NAME_RE: Final = re.compile(r"^accounts/(?P<account>[^/]+)/rlorTrainerJobs/(?P<job>[^/]+)$")

@@ -60,7 +60,9 @@ async def test_restart_mid_training_loses_nothing(tmp_path: Path, kill: bool) ->
             queued = await wait_state(client, "queued", JobState.RUNNING)
             assert queued.state is JobState.RUNNING
 
-            assert [c.name for c in (await client.list_checkpoints("victim")).checkpoints] == [saved.name]
+            assert [c.name for c in (await client.list_checkpoints("victim")).checkpoints] == [
+                saved.name
+            ]
             model = await client.get_model("victim-4")
             assert model.state == "READY" and model.checkpoint == saved.name
             # Events persist: a watcher resuming from an old id sees the restart transitions.
@@ -76,7 +78,7 @@ async def test_restart_mid_training_loses_nothing(tmp_path: Path, kill: bool) ->
 
             async with PlaneAdmin(plane.url, plane.admin_key) as admin:
                 stats = await admin.stats()
-                assert stats["jobs"][f"accounts/dev/rlorTrainerJobs/victim"]["creates"] == 1
+                assert stats["jobs"]["accounts/dev/rlorTrainerJobs/victim"]["creates"] == 1
             for job_id in ("victim", "bystander", "queued"):
                 await client.delete_job(job_id)
     finally:

@@ -20,7 +20,9 @@ async def _stop_into(admin: PlaneAdmin, account: Account, job: str, state: JobSt
     elif state is JobState.IDLE:
         raise AssertionError("IDLE is reached by the inactivity timeout, see its own test")
     else:
-        await admin.stop(job, state.value, f"stopped for the test ({state.short})", account=account.id)
+        await admin.stop(
+            job, state.value, f"stopped for the test ({state.short})", account=account.id
+        )
     reached = await wait_state(account.client, job, state)
     return reached.status.message
 
@@ -28,7 +30,9 @@ async def _stop_into(admin: PlaneAdmin, account: Account, job: str, state: JobSt
 @pytest.mark.parametrize(
     "state", [JobState.FAILED, JobState.CANCELLED, JobState.PAUSED, JobState.COMPLETED]
 )
-async def test_resume_from_each_resumable_state(account: Account, admin: PlaneAdmin, state: JobState) -> None:
+async def test_resume_from_each_resumable_state(
+    account: Account, admin: PlaneAdmin, state: JobState
+) -> None:
     job = f"resume-{state.short.lower()}"
     await running_trainer(account.client, job)
     before = await admin.job(job, account=account.id)
@@ -39,7 +43,11 @@ async def test_resume_from_each_resumable_state(account: Account, admin: PlaneAd
     resumed = await account.client.resume_job(job)
     # The state change is synchronous: the response already shows the new life.
     assert resumed.state in (JobState.PENDING, JobState.CREATING)
-    assert (await account.client.get_job(job)).state in (JobState.PENDING, JobState.CREATING, JobState.RUNNING)
+    assert (await account.client.get_job(job)).state in (
+        JobState.PENDING,
+        JobState.CREATING,
+        JobState.RUNNING,
+    )
     await wait_state(account.client, job, JobState.RUNNING)
     after = await admin.job(job, account=account.id)
     assert after["generation"] == before["generation"] + 1
@@ -61,12 +69,17 @@ async def test_idle_after_inactivity_timeout_then_resume(account: Account) -> No
     await account.client.delete_job("idle")
 
 
-async def test_resume_refused_outside_resumable_states(account: Account, faults: PlaneAdmin) -> None:
+async def test_resume_refused_outside_resumable_states(
+    account: Account, faults: PlaneAdmin
+) -> None:
     await running_trainer(account.client, "busy")
     with pytest.raises(FailedPrecondition) as running:
         await account.client.resume_job("busy")
     assert running.value.status_code == 400
-    assert "JOB_STATE_RUNNING" in running.value.message and "resume is only allowed" in running.value.message
+    assert (
+        "JOB_STATE_RUNNING" in running.value.message
+        and "resume is only allowed" in running.value.message
+    )
 
     # A job waiting for capacity is not resumable either.
     live = (await faults.stats())["liveTrainers"]
@@ -106,7 +119,9 @@ async def test_delete_twice_and_delete_while_pending(account: Account, faults: P
     assert stats.get("trainersStarted", 0) == 0
 
 
-async def test_preempt_resume_new_route_with_observable_race(account: Account, faults: PlaneAdmin) -> None:
+async def test_preempt_resume_new_route_with_observable_race(
+    account: Account, faults: PlaneAdmin
+) -> None:
     name = f"accounts/{account.id}/rlorTrainerJobs/spot"
     trainer = await running_trainer(account.client, "spot")
     await train_steps(trainer, 1, 2)
@@ -139,7 +154,9 @@ async def test_preempt_resume_new_route_with_observable_race(account: Account, f
     await account.client.delete_job("spot")
 
 
-async def test_delete_while_the_trainer_is_spawning_ends_deleted(account: Account, admin: PlaneAdmin) -> None:
+async def test_delete_while_the_trainer_is_spawning_ends_deleted(
+    account: Account, admin: PlaneAdmin
+) -> None:
     # Regression: the spawn path once wrote back a stale record over DELETING.
     for i in range(3):
         job = f"hasty-{i}"

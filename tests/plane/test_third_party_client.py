@@ -22,7 +22,9 @@ class ThirdPartyClient:
     """What a careful user of the hosted service would write from the contract."""
 
     def __init__(self, base_url: str, api_key: str) -> None:
-        self.http = httpx.AsyncClient(base_url=base_url, headers={"Authorization": f"Bearer {api_key}"}, timeout=30)
+        self.http = httpx.AsyncClient(
+            base_url=base_url, headers={"Authorization": f"Bearer {api_key}"}, timeout=30
+        )
         self.account = ""
 
     async def call(self, method: str, path: str, **kw: Any) -> httpx.Response:
@@ -83,7 +85,9 @@ class JobGone(Exception):
 
 
 async def test_whole_life_from_the_contract_alone(tmp_path: Any) -> None:
-    with PlaneProcess(tmp_path / "plane", config={"routeLagSeconds": {"min": 0.2, "max": 1.0}}) as plane:
+    with PlaneProcess(
+        tmp_path / "plane", config={"routeLagSeconds": {"min": 0.2, "max": 1.0}}
+    ) as plane:
         c = ThirdPartyClient(plane.url, plane.api_key)
         try:
             await c.resolve_account()
@@ -96,27 +100,47 @@ async def test_whole_life_from_the_contract_alone(tmp_path: Any) -> None:
             body = {
                 "displayName": "third party",
                 "serviceMode": True,
-                "trainingConfig": {"baseModel": "accounts/fireworks/models/qwen3-8b", "loraRank": 0, "learningRate": 3e-3},
+                "trainingConfig": {
+                    "baseModel": "accounts/fireworks/models/qwen3-8b",
+                    "loraRank": 0,
+                    "learningRate": 3e-3,
+                },
             }
-            created = await c.ok("POST", c.jobs(), params={"rlorTrainerJobId": "tp-1", "trainingShape": version}, json=body)
+            created = await c.ok(
+                "POST",
+                c.jobs(),
+                params={"rlorTrainerJobId": "tp-1", "trainingShape": version},
+                json=body,
+            )
             assert created["trainingShapeRef"] == version
             assert created["trainingConfig"]["acceleratorType"] == "NVIDIA_H200_141GB"
             # Idempotent create: the same id again is 409, and a GET finds the job.
-            again = await c.call("POST", c.jobs(), params={"rlorTrainerJobId": "tp-1", "trainingShape": version}, json=body)
+            again = await c.call(
+                "POST",
+                c.jobs(),
+                params={"rlorTrainerJobId": "tp-1", "trainingShape": version},
+                json=body,
+            )
             assert again.status_code == 409 and again.json()["error"]["status"] == "ALREADY_EXISTS"
 
             await c.poll_state("tp-1", {"JOB_STATE_RUNNING"})
             await c.warm_up("tp-1")
             for step in range(1, 4):
-                await c.train_call("tp-1", "forward_backward", {"step": step, "micro_batch": 0, "batch": {}})
-                await c.train_call("tp-1", "optim_step", {"step": step, "adam_params": {"learning_rate": 3e-3}})
+                await c.train_call(
+                    "tp-1", "forward_backward", {"step": step, "micro_batch": 0, "batch": {}}
+                )
+                await c.train_call(
+                    "tp-1", "optim_step", {"step": step, "adam_params": {"learning_rate": 3e-3}}
+                )
             saved = await c.train_call("tp-1", "save_weights", {"name": "step-3"})
 
             async with PlaneAdmin(plane.url, plane.admin_key) as admin:
                 await admin.preempt("tp-1")
             # The next call finds the trainer gone; the control plane says why.
             with pytest.raises(JobGone):
-                await c.train_call("tp-1", "forward_backward", {"step": 4, "micro_batch": 0, "batch": {}})
+                await c.train_call(
+                    "tp-1", "forward_backward", {"step": 4, "micro_batch": 0, "batch": {}}
+                )
             failed = await c.poll_state("tp-1", {"JOB_STATE_FAILED"})
             assert "preempt" in failed["status"]["message"]
 
@@ -126,7 +150,9 @@ async def test_whole_life_from_the_contract_alone(tmp_path: Any) -> None:
             await c.warm_up("tp-1")
             loaded = await c.train_call("tp-1", "load_weights", {"name": saved["name"]})
             assert loaded["step"] == 3
-            await c.train_call("tp-1", "forward_backward", {"step": 4, "micro_batch": 0, "batch": {}})
+            await c.train_call(
+                "tp-1", "forward_backward", {"step": 4, "micro_batch": 0, "batch": {}}
+            )
             await c.train_call("tp-1", "optim_step", {"step": 4})
             final = await c.train_call("tp-1", "save_weights", {"name": "step-4"})
 

@@ -18,7 +18,9 @@ from tests.helpers import Account, running_trainer, train_steps, wait_state, war
 N, K = 12, 5
 
 
-async def test_kill_and_restore_gives_identical_weights(account: Account, admin: PlaneAdmin) -> None:
+async def test_kill_and_restore_gives_identical_weights(
+    account: Account, admin: PlaneAdmin
+) -> None:
     straight = await running_trainer(account.client, "straight")
     await train_steps(straight, 1, N, micro_batches=2)
     expected = (await straight.get_info()).weights_digest
@@ -74,7 +76,9 @@ async def test_forward_backward_is_idempotent_per_micro_batch(account: Account) 
         answers = []
         # Out of order and repeated: the sum is taken in micro-batch order, once each.
         for mb in (1, 0, 1, 0):
-            answers.append(await repeated.forward_backward(ForwardBackwardRequest(step=step, micro_batch=mb)))
+            answers.append(
+                await repeated.forward_backward(ForwardBackwardRequest(step=step, micro_batch=mb))
+            )
         assert answers[0] == answers[2] and answers[1] == answers[3]
         await repeated.optim_step(OptimStepRequest(step=step))
 
@@ -133,10 +137,15 @@ async def test_training_learns_and_evaluates(account: Account) -> None:
 
 async def test_lora_trains_adapters_only(account: Account) -> None:
     full = await running_trainer(account.client, "full")
-    lora = await running_trainer(account.client, "lora", training_config={"lora_rank": 4, "learning_rate": 1e-2})
+    lora = await running_trainer(
+        account.client, "lora", training_config={"lora_rank": 4, "learning_rate": 1e-2}
+    )
     full_info, lora_info = await full.get_info(), await lora.get_info()
     assert lora_info.lora_rank == 4 and "lora-r4" in lora_info.model_extra["stand_in_model"]
-    assert lora_info.model_extra["trainable_parameters"] < full_info.model_extra["trainable_parameters"]
+    assert (
+        lora_info.model_extra["trainable_parameters"]
+        < full_info.model_extra["trainable_parameters"]
+    )
     before = await lora.evaluate()
     await train_steps(lora, 1, 20)
     assert (await lora.evaluate()).eval_loss < before.eval_loss
@@ -148,7 +157,9 @@ async def test_forward_only_shape_refuses_optimizer_steps(account: Account) -> N
     from tests.helpers import job_request
 
     await account.client.create_job(
-        "fwd", job_request(), training_shape="accounts/localplane/trainingShapes/tiny-cpu-forward-only"
+        "fwd",
+        job_request(),
+        training_shape="accounts/localplane/trainingShapes/tiny-cpu-forward-only",
     )
     await wait_state(account.client, "fwd", JobState.RUNNING)
     trainer = await account.client.trainer("fwd")
@@ -169,13 +180,20 @@ async def test_jsonl_datasets_and_inline_examples(account: Account, tmp_path: Pa
             for r in [
                 {"text": "the trainer learns to spell shepherd"},
                 {"prompt": "Q: what survives preemption? ", "completion": "A: checkpoints."},
-                {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]},
+                {
+                    "messages": [
+                        {"role": "user", "content": "hi"},
+                        {"role": "assistant", "content": "hello"},
+                    ]
+                },
             ]
             * 20
         )
     )
     vectors = tmp_path / "vectors.jsonl"
-    vectors.write_text("\n".join(json.dumps({"x": [i % 3, i % 5, 1.0], "y": i % 2}) for i in range(60)))
+    vectors.write_text(
+        "\n".join(json.dumps({"x": [i % 3, i % 5, 1.0], "y": i % 2}) for i in range(60))
+    )
 
     chat = await running_trainer(account.client, "chat", dataset=str(text))
     assert (await chat.get_info()).model_extra["dataset"] == str(text)
@@ -186,14 +204,21 @@ async def test_jsonl_datasets_and_inline_examples(account: Account, tmp_path: Pa
     assert inline.num_examples == len("inline example")
     with pytest.raises(InvalidArgument) as too_long:
         await chat.forward_backward(
-            ForwardBackwardRequest(step=4, micro_batch=1, batch={"examples": [{"text": "x" * 9000}]})
+            ForwardBackwardRequest(
+                step=4, micro_batch=1, batch={"examples": [{"text": "x" * 9000}]}
+            )
         )
-    assert "batch.examples[0]" in too_long.value.message and "max_context_length" in too_long.value.message
+    assert (
+        "batch.examples[0]" in too_long.value.message
+        and "max_context_length" in too_long.value.message
+    )
 
     vec = await running_trainer(account.client, "vec", dataset=f"file://{vectors}")
     await train_steps(vec, 1, 3)
     with pytest.raises(InvalidArgument) as wrong_shape:
-        await vec.forward_backward(ForwardBackwardRequest(step=4, batch={"examples": [{"x": [1.0], "y": 0}]}))
+        await vec.forward_backward(
+            ForwardBackwardRequest(step=4, batch={"examples": [{"x": [1.0], "y": 0}]})
+        )
     assert "batch.examples[0]" in wrong_shape.value.message
     for job in ("chat", "vec"):
         await account.client.delete_job(job)

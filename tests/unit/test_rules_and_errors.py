@@ -21,21 +21,38 @@ def test_resource_ids_rejected(value: str) -> None:
 
 @pytest.mark.parametrize(
     "value",
-    ["accounts/fireworks/trainingShapes/qwen3-8b-128k-h200", "accounts/a/trainingShapes/s/versions/v1"],
+    [
+        "accounts/fireworks/trainingShapes/qwen3-8b-128k-h200",
+        "accounts/a/trainingShapes/s/versions/v1",
+    ],
 )
 def test_shape_refs_accepted(value: str) -> None:
     assert rules.check_shape_ref(value) is None
 
 
 @pytest.mark.parametrize(
-    "value", ["qwen3-8b", "accounts/a/shapes/s", "accounts/a/trainingShapes/", "accounts/a/trainingShapes/s/versions/"]
+    "value",
+    [
+        "qwen3-8b",
+        "accounts/a/shapes/s",
+        "accounts/a/trainingShapes/",
+        "accounts/a/trainingShapes/s/versions/",
+    ],
 )
 def test_shape_refs_rejected(value: str) -> None:
     assert rules.check_shape_ref(value) == rules.SHAPE_REF_RULE
 
 
 @pytest.mark.parametrize(
-    ("value", "ok"), [("3600s", True), ("1.5s", True), ("10800s", True), ("10801s", False), ("0s", False), ("1h", False)]
+    ("value", "ok"),
+    [
+        ("3600s", True),
+        ("1.5s", True),
+        ("10800s", True),
+        ("10801s", False),
+        ("0s", False),
+        ("1h", False),
+    ],
 )
 def test_inactivity_timeout(value: str, ok: bool) -> None:
     assert (rules.check_inactivity_timeout(value) is None) is ok
@@ -76,7 +93,9 @@ def _body(code: int, status: str, message: str = "m") -> dict[str, object]:
         (504, "DEADLINE_EXCEEDED", errors.RequestTimeout, True),
     ],
 )
-def test_error_mapping_from_contract_bodies(code: int, status: str, cls: type, retryable: bool) -> None:
+def test_error_mapping_from_contract_bodies(
+    code: int, status: str, cls: type, retryable: bool
+) -> None:
     exc = errors.error_from_response(_response(code, _body(code, status, "the message")))
     assert type(exc) is cls
     assert exc.retryable is retryable
@@ -85,9 +104,17 @@ def test_error_mapping_from_contract_bodies(code: int, status: str, cls: type, r
 
 def test_error_mapping_without_our_body() -> None:
     # A proxy's HTML 502 is still retryable; a bare 404 on the data plane is a route 404.
-    assert isinstance(errors.error_from_response(_response(502, text="<html>bad gateway</html>")), errors.Unavailable)
-    assert type(errors.error_from_response(_response(404, text="nope"), data_plane=True)) is errors.RouteNotFound
-    assert type(errors.error_from_response(_response(404, _body(404, "NOT_FOUND")))) is errors.NotFound
+    assert isinstance(
+        errors.error_from_response(_response(502, text="<html>bad gateway</html>")),
+        errors.Unavailable,
+    )
+    assert (
+        type(errors.error_from_response(_response(404, text="nope"), data_plane=True))
+        is errors.RouteNotFound
+    )
+    assert (
+        type(errors.error_from_response(_response(404, _body(404, "NOT_FOUND")))) is errors.NotFound
+    )
     assert type(errors.error_from_response(_response(408, text=""))) is errors.RequestTimeout
 
 
@@ -97,19 +124,27 @@ def test_errors_keep_no_secrets_and_pickle() -> None:
     exc = errors.error_from_response(_response(409, _body(409, "ALREADY_EXISTS", "exists")))
     assert "Bearer" not in str(exc)
     copy = pickle.loads(pickle.dumps(exc))
-    assert type(copy) is errors.AlreadyExists and copy.status_code == 409 and copy.message == "exists"
+    assert (
+        type(copy) is errors.AlreadyExists and copy.status_code == 409 and copy.message == "exists"
+    )
 
 
 def test_transport_errors_are_retryable() -> None:
     request = httpx.Request("GET", "http://plane/v1/accounts")
     assert errors.error_from_transport(httpx.ConnectError("refused"), request).retryable
-    assert isinstance(errors.error_from_transport(httpx.ReadTimeout("slow"), request), errors.RequestTimeout)
+    assert isinstance(
+        errors.error_from_transport(httpx.ReadTimeout("slow"), request), errors.RequestTimeout
+    )
 
 
 def test_job_states() -> None:
     assert JobState("JOB_STATE_SOMETHING_NEW") is JobState.UNSPECIFIED
     assert {s for s in JobState if s.is_resumable()} == {
-        JobState.FAILED, JobState.CANCELLED, JobState.PAUSED, JobState.COMPLETED, JobState.IDLE
+        JobState.FAILED,
+        JobState.CANCELLED,
+        JobState.PAUSED,
+        JobState.COMPLETED,
+        JobState.IDLE,
     }
     assert JobState.DELETED.is_gone() and JobState.CREATING.is_transitional()
     assert JobState.RUNNING.short == "RUNNING"

@@ -76,7 +76,9 @@ def test_jsonl_errors_name_the_line(tmp_path: Path) -> None:
     with pytest.raises(datasets.DatasetError, match="mixes"):
         datasets.load(str(mixed), tmp_path)
     assert datasets.check_name("synthetic:nope", tmp_path) is not None
-    assert "does not exist" in (datasets.check_name(str(tmp_path / "missing.jsonl"), tmp_path) or "")
+    assert "does not exist" in (
+        datasets.check_name(str(tmp_path / "missing.jsonl"), tmp_path) or ""
+    )
 
 
 def test_webhook_signatures() -> None:

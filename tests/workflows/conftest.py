@@ -106,7 +106,9 @@ class Stack:
                 data[key] = value
         return validate_spec(data)
 
-    async def start(self, spec: JobSpec, **kwargs: Any) -> WorkflowHandle[TrainingJobWorkflow, JobStatus]:
+    async def start(
+        self, spec: JobSpec, **kwargs: Any
+    ) -> WorkflowHandle[TrainingJobWorkflow, JobStatus]:
         handle = await self.client.start_workflow(
             TrainingJobWorkflow.run,
             JobInput(spec=spec, **kwargs),
@@ -120,7 +122,10 @@ class Stack:
         return await handle.query("status", result_type=JobStatus)
 
     async def until(
-        self, handle: WorkflowHandle[Any, Any], check: Callable[[JobStatus], bool], timeout: float = 60.0
+        self,
+        handle: WorkflowHandle[Any, Any],
+        check: Callable[[JobStatus], bool],
+        timeout: float = 60.0,
     ) -> JobStatus:
         """Query until ``check(status)`` holds (a test-side wait; the workflow has no loops)."""
         async with asyncio.timeout(timeout):
@@ -135,12 +140,16 @@ class Stack:
 
 
 def make_registry(plane: PlaneProcess, api_key: str) -> BackendRegistry:
-    profile = BackendProfile(name="local", url=plane.url, api_key_env=KEY_ENV, events=True, timeout_s=10)
+    profile = BackendProfile(
+        name="local", url=plane.url, api_key_env=KEY_ENV, events=True, timeout_s=10
+    )
     return BackendRegistry({"local": profile}, env={KEY_ENV: api_key})
 
 
 @contextlib.asynccontextmanager
-async def worker_for(client: Client, task_queue: str, registry: BackendRegistry) -> AsyncIterator[Worker]:
+async def worker_for(
+    client: Client, task_queue: str, registry: BackendRegistry
+) -> AsyncIterator[Worker]:
     async with Worker(
         client,
         task_queue=task_queue,
@@ -152,7 +161,11 @@ async def worker_for(client: Client, task_queue: str, registry: BackendRegistry)
 
 @pytest.fixture
 async def stack(
-    client: Client, plane: PlaneProcess, admin: PlaneAdmin, account: Account, request: pytest.FixtureRequest
+    client: Client,
+    plane: PlaneProcess,
+    admin: PlaneAdmin,
+    account: Account,
+    request: pytest.FixtureRequest,
 ) -> AsyncIterator[Stack]:
     events = "no_events" not in request.keywords
     task_queue = f"tq-{uuid.uuid4().hex}"

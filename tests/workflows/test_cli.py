@@ -18,7 +18,9 @@ from shepherd.phases import Phase
 from tests.workflows.conftest import Stack
 
 
-async def cli(stack: Stack, *args: str, timeout: float = 120, address: str | None = None) -> subprocess.CompletedProcess[str]:
+async def cli(
+    stack: Stack, *args: str, timeout: float = 120, address: str | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,
         "TEMPORAL_ADDRESS": address or stack.client.service_client.config.target_host,
@@ -37,11 +39,15 @@ async def cli(stack: Stack, *args: str, timeout: float = 120, address: str | Non
 
 def write_spec(stack: Stack, tmp: Path, name: str, **sections: Any) -> Path:
     path = tmp / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(stack.spec(name, **sections).model_dump(mode="json", exclude_defaults=True)))
+    path.write_text(
+        yaml.safe_dump(stack.spec(name, **sections).model_dump(mode="json", exclude_defaults=True))
+    )
     return path
 
 
-async def test_invalid_spec_lists_every_problem_and_starts_nothing(stack: Stack, tmp_path: Path) -> None:
+async def test_invalid_spec_lists_every_problem_and_starts_nothing(
+    stack: Stack, tmp_path: Path
+) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(
         yaml.safe_dump(
@@ -72,7 +78,11 @@ async def test_submit_watch_status_list_checkpoints(stack: Stack, tmp_path: Path
     human = await cli(stack, "status", workflow_id)
     assert human.returncode == 0 and "COMPLETED" in human.stdout and "team=cli-test" in human.stdout
 
-    listed = json.loads((await cli(stack, "list", "--label", "team=cli-test", "--phase", "completed", "--json")).stdout)
+    listed = json.loads(
+        (
+            await cli(stack, "list", "--label", "team=cli-test", "--phase", "completed", "--json")
+        ).stdout
+    )
     assert [row["workflow_id"] for row in listed] == [workflow_id]
     assert json.loads((await cli(stack, "list", "--label", "team=nobody", "--json")).stdout) == []
 
@@ -81,26 +91,51 @@ async def test_submit_watch_status_list_checkpoints(stack: Stack, tmp_path: Path
 
 
 async def test_pause_resume_cancel_and_retry(stack: Stack, tmp_path: Path) -> None:
-    spec = write_spec(stack, tmp_path, "steer", trainer={"extra_args": ["--compute-delay-ms=80"]}, training={"total_steps": 60})
+    spec = write_spec(
+        stack,
+        tmp_path,
+        "steer",
+        trainer={"extra_args": ["--compute-delay-ms=80"]},
+        training={"total_steps": 60},
+    )
     submitted = json.loads((await cli(stack, "submit", str(spec), "--json")).stdout)
     workflow_id = submitted["workflow_id"]
-    await stack.until(stack.client.get_workflow_handle(workflow_id), lambda s: s.step >= 10 and s.phase is Phase.TRAINING)
+    await stack.until(
+        stack.client.get_workflow_handle(workflow_id),
+        lambda s: s.step >= 10 and s.phase is Phase.TRAINING,
+    )
 
     paused = await cli(stack, "pause", workflow_id, "--json")
     assert paused.returncode == 0, paused.stderr
     assert json.loads(paused.stdout)["checkpoint"].endswith("pause-1")
     again = await cli(stack, "pause", workflow_id)
-    assert again.returncode == 1 and "already paused" in again.stderr and len(again.stderr.strip().splitlines()) == 1
+    assert (
+        again.returncode == 1
+        and "already paused" in again.stderr
+        and len(again.stderr.strip().splitlines()) == 1
+    )
 
     resumed = await cli(stack, "resume", workflow_id)
     assert resumed.returncode == 0 and "resumed" in resumed.stdout
 
-    await stack.until(stack.client.get_workflow_handle(workflow_id), lambda s: s.phase is Phase.TRAINING and s.generation == 1)
+    await stack.until(
+        stack.client.get_workflow_handle(workflow_id),
+        lambda s: s.phase is Phase.TRAINING and s.generation == 1,
+    )
     assert (await cli(stack, "cancel", workflow_id)).returncode == 0
     watched = await cli(stack, "watch", workflow_id)
     assert watched.returncode == 1 and "CANCELLED" in watched.stdout
 
-    retried = await cli(stack, "retry", workflow_id, "--set", "training.total_steps=40", "--set", "trainer.extra_args=[]", "--watch")
+    retried = await cli(
+        stack,
+        "retry",
+        workflow_id,
+        "--set",
+        "training.total_steps=40",
+        "--set",
+        "trainer.extra_args=[]",
+        "--watch",
+    )
     assert retried.returncode == 0, retried.stdout + retried.stderr
     new_id = next(w.split()[2] for w in retried.stdout.splitlines() if w.startswith("retrying as"))
     child = json.loads((await cli(stack, "status", new_id, "--json")).stdout)
@@ -118,15 +153,21 @@ async def test_not_found_and_unreachable_are_one_line_with_their_own_codes(stack
 
 
 async def test_schedule_and_sweep_commands(stack: Stack, tmp_path: Path) -> None:
-    spec = write_spec(stack, tmp_path, "cron", output={"model_id": "cron-{scheduled_time:%Y%m%d%H%M%S}"})
+    spec = write_spec(
+        stack, tmp_path, "cron", output={"model_id": "cron-{scheduled_time:%Y%m%d%H%M%S}"}
+    )
     name = f"cli-{os.getpid()}"
-    created = await cli(stack, "schedule", "create", name, str(spec), "--cron", "0 3 * * *", "--paused", "--json")
+    created = await cli(
+        stack, "schedule", "create", name, str(spec), "--cron", "0 3 * * *", "--paused", "--json"
+    )
     assert created.returncode == 0, created.stderr
     assert json.loads(created.stdout)["paused"] is True
     assert (await cli(stack, "schedule", "trigger", name)).returncode == 0
     async with asyncio.timeout(60):
         while True:
-            described = json.loads((await cli(stack, "schedule", "describe", name, "--json")).stdout)
+            described = json.loads(
+                (await cli(stack, "schedule", "describe", name, "--json")).stdout
+            )
             if described["recent_runs"] and described["recent_runs"][0]["outcome"] == "COMPLETED":
                 break
             await asyncio.sleep(1)
@@ -141,7 +182,14 @@ async def test_schedule_and_sweep_commands(stack: Stack, tmp_path: Path) -> None
             {
                 "name": "clisweep",
                 "base": str(write_spec(stack, tmp_path, "sweepbase")),
-                "parameters": {"trainer.learning_rate": {"type": "double", "min": 0.005, "max": 0.02, "scale": "log"}},
+                "parameters": {
+                    "trainer.learning_rate": {
+                        "type": "double",
+                        "min": 0.005,
+                        "max": 0.02,
+                        "scale": "log",
+                    }
+                },
                 "max_trials": 2,
                 "parallelism": 2,
                 "promote_best": {"model_id": "clisweep-best"},

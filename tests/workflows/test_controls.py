@@ -23,7 +23,9 @@ async def test_pause_holds_no_trainer_and_resumes_to_the_same_weights(stack: Sta
     handle = await stack.start(stack.spec("pausing", trainer=SLOW, training={"total_steps": 40}))
     await stack.until(handle, lambda s: s.step >= 10 and s.phase is Phase.TRAINING)
 
-    paused = await handle.execute_update("request_pause", PauseRequest(reason="test"), result_type=PauseResult)
+    paused = await handle.execute_update(
+        "request_pause", PauseRequest(reason="test"), result_type=PauseResult
+    )
     assert paused.checkpoint is not None and paused.checkpoint.rsplit("/", 1)[-1] == "pause-1"
     status = await stack.status(handle)
     assert status.phase is Phase.PAUSED and status.paused_checkpoint == paused.checkpoint
@@ -70,7 +72,17 @@ async def test_pause_and_resume_by_signal_from_the_temporal_cli(stack: Stack) ->
 
     def temporal_signal(name: str) -> None:
         subprocess.run(
-            [binaries.temporal(), "workflow", "signal", "--address", address, "--workflow-id", handle.id, "--name", name],
+            [
+                binaries.temporal(),
+                "workflow",
+                "signal",
+                "--address",
+                address,
+                "--workflow-id",
+                handle.id,
+                "--name",
+                name,
+            ],
             check=True,
             capture_output=True,
             timeout=30,
@@ -85,12 +97,16 @@ async def test_pause_and_resume_by_signal_from_the_temporal_cli(stack: Stack) ->
 
 
 async def test_resume_from_a_named_earlier_checkpoint(stack: Stack) -> None:
-    spec = stack.spec("rewind", trainer=SLOW, training={"total_steps": 40}, checkpoint={"keep_last": 5})
+    spec = stack.spec(
+        "rewind", trainer=SLOW, training={"total_steps": 40}, checkpoint={"keep_last": 5}
+    )
     handle = await stack.start(spec)
     at_20 = await stack.until(handle, lambda s: s.step >= 20 and s.phase is Phase.TRAINING)
     first = next(c for c in at_20.checkpoints if c.step == 10)
     await handle.execute_update("request_pause", PauseRequest(), result_type=PauseResult)
-    await handle.execute_update("request_resume", ResumeRequest(checkpoint=first.name), result_type=JobStatus)
+    await handle.execute_update(
+        "request_resume", ResumeRequest(checkpoint=first.name), result_type=JobStatus
+    )
     result = await handle.result()
     assert result.phase is Phase.COMPLETED and result.step == 40
     steps = [c.step for c in result.checkpoints]

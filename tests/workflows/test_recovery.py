@@ -93,7 +93,9 @@ async def test_control_plane_5xx_at_30_percent(stack: Stack, faults: PlaneAdmin)
 
 
 async def test_preemption_budget_exhausted_ends_preempted(stack: Stack) -> None:
-    spec = stack.spec("budget", trainer=SLOW, training={"total_steps": 200}, policies={"max_preemptions": 1})
+    spec = stack.spec(
+        "budget", trainer=SLOW, training={"total_steps": 200}, policies={"max_preemptions": 1}
+    )
     handle = await stack.start(spec)
     first = await stack.until(handle, lambda s: s.step >= 3 and s.phase is Phase.TRAINING)
     await stack.admin.preempt(first.trainer_job_id or "", account=stack.account.id)

@@ -18,7 +18,9 @@ HISTORIES = sorted((Path(__file__).parent.parent / "histories").glob("*.json"))
 
 
 def test_histories_were_recorded() -> None:
-    assert len(HISTORIES) >= 5, "record histories: SHEPHERD_RECORD_HISTORIES=1 pytest tests/workflows"
+    assert len(HISTORIES) >= 5, (
+        "record histories: SHEPHERD_RECORD_HISTORIES=1 pytest tests/workflows"
+    )
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])

@@ -31,7 +31,12 @@ async def runs_of(stack: Stack, name: str) -> list[str]:
 async def test_interval_schedule_runs_ordinary_labelled_jobs(stack: Stack) -> None:
     sh = Shepherd(stack.client, task_queue=stack.task_queue)
     name = _name("every")
-    spec = stack.spec("every", training={"total_steps": 10}, checkpoint={"every_steps": 5}, output={"model_id": "every-{scheduled_time:%H%M%S}"})
+    spec = stack.spec(
+        "every",
+        training={"total_steps": 10},
+        checkpoint={"every_steps": 5},
+        output={"model_id": "every-{scheduled_time:%H%M%S}"},
+    )
     info = await sh.schedules.create(name, spec, every=timedelta(seconds=3), overlap="allow_all")
     try:
         assert info.next_runs and not info.paused
@@ -66,7 +71,9 @@ async def test_pause_trigger_backfill_and_describe(stack: Stack) -> None:
         checkpoint={"every_steps": 5},
         output={"model_id": "nightly-{scheduled_time:%Y%m%d}"},
     )
-    info = await sh.schedules.create(name, spec, cron=["0 3 * * *"], paused=True, note="created by the test")
+    info = await sh.schedules.create(
+        name, spec, cron=["0 3 * * *"], paused=True, note="created by the test"
+    )
     try:
         assert info.paused and info.note == "created by the test"
         assert info.next_runs and all(t.hour == 3 and t.minute == 0 for t in info.next_runs)
@@ -80,7 +87,9 @@ async def test_pause_trigger_backfill_and_describe(stack: Stack) -> None:
         ids = await runs_of(stack, name)
         results = [await sh.get(wid).wait() for wid in ids]
         models = sorted(r.model.name.rsplit("/", 1)[-1] for r in results if r.model)
-        expected = sorted(f"nightly-{(today - timedelta(days=d)).strftime('%Y%m%d')}" for d in (1, 2, 3))
+        expected = sorted(
+            f"nightly-{(today - timedelta(days=d)).strftime('%Y%m%d')}" for d in (1, 2, 3)
+        )
         assert models == expected
 
         await sh.schedules.unpause(name, note="back on")

@@ -28,7 +28,11 @@ def _spec(**sections: Any) -> dict[str, Any]:
         "output": {"model_id": "bad-model"},
     }
     for key, value in sections.items():
-        base[key] = {**base[key], **value} if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+        base[key] = (
+            {**base[key], **value}
+            if isinstance(value, dict) and isinstance(base.get(key), dict)
+            else value
+        )
     return base
 
 
@@ -42,8 +46,24 @@ INVALID: list[tuple[dict[str, Any], str]] = [
     (_spec(trainer={"display_name": "d" * 64}), "trainer.display_name"),
     (_spec(trainer={"inactivity_timeout": "4h"}), "trainer.inactivity_timeout"),
     (_spec(trainer={"training_shape": "qwen3-8b"}), "trainer.training_shape"),
-    (_spec(trainer={"training_shape": "accounts/fireworks/trainingShapes/qwen3-8b-128k-h200", "accelerator_type": "NVIDIA_H100_80GB"}), "trainer.accelerator_type"),
-    (_spec(trainer={"training_shape": "accounts/fireworks/trainingShapes/qwen3-8b-128k-h200", "node_count": 2}), "trainer.node_count"),
+    (
+        _spec(
+            trainer={
+                "training_shape": "accounts/fireworks/trainingShapes/qwen3-8b-128k-h200",
+                "accelerator_type": "NVIDIA_H100_80GB",
+            }
+        ),
+        "trainer.accelerator_type",
+    ),
+    (
+        _spec(
+            trainer={
+                "training_shape": "accounts/fireworks/trainingShapes/qwen3-8b-128k-h200",
+                "node_count": 2,
+            }
+        ),
+        "trainer.node_count",
+    ),
     (_spec(trainer={"accelerator_type": "TPU_V5"}), "trainer.accelerator_type"),
     (_spec(trainer={"lora_rnak": 8}), "trainer.lora_rnak"),
     (_spec(trainer={"forward_only": True}), "trainer.forward_only"),
@@ -53,7 +73,10 @@ INVALID: list[tuple[dict[str, Any], str]] = [
     (_spec(training={"micro_batches": 0}), "training.micro_batches"),
     (_spec(training={"resume_from": "step-10"}), "training.resume_from"),
     (_spec(checkpoint={"keep_last": 0}), "checkpoint.keep_last"),
-    (_spec(checkpoint={"every_steps": 10, "evaluate": False}, output={"promote": "best"}), "output.promote"),
+    (
+        _spec(checkpoint={"every_steps": 10, "evaluate": False}, output={"promote": "best"}),
+        "output.promote",
+    ),
     (_spec(output={"model_id": "Bad.Model"}), "output.model_id"),
     (_spec(output={"model_id": None}), "output.model_id"),
     (_spec(scheduling={"priority": 11}), "scheduling.priority"),
@@ -72,13 +95,18 @@ async def test_invalid_specs_are_refused_before_anything_exists(stack: Stack) ->
         assert field in fields, (field, fields)
         assert field in str(refused.value)
     after = await stack.admin.stats()
-    assert after["creates"] == before["creates"] and after["trainersStarted"] == before["trainersStarted"]
+    assert (
+        after["creates"] == before["creates"]
+        and after["trainersStarted"] == before["trainersStarted"]
+    )
     started = [w async for w in stack.client.list_workflows(f'TaskQueue = "{stack.task_queue}"')]
     assert started == []
 
 
 async def test_unknown_shape_fails_before_a_trainer_is_created(stack: Stack) -> None:
-    spec = stack.spec("noshape", trainer={"training_shape": "accounts/fireworks/trainingShapes/no-such-shape"})
+    spec = stack.spec(
+        "noshape", trainer={"training_shape": "accounts/fireworks/trainingShapes/no-such-shape"}
+    )
     before = (await stack.admin.stats())["creates"]
     handle = await stack.start(spec)
     with pytest.raises(WorkflowFailureError) as failed:
@@ -104,7 +132,12 @@ async def test_no_secret_in_any_history(stack: Stack) -> None:
     assert "Unauthenticated" in str(failed.value.cause.type)  # type: ignore[attr-defined]
     for handle in (ok, bad):
         history = json.dumps((await handle.fetch_history()).to_json_dict())
-        for secret in (stack.account.api_key, wrong_key, stack.plane.api_key, stack.plane.admin_key):
+        for secret in (
+            stack.account.api_key,
+            wrong_key,
+            stack.plane.api_key,
+            stack.plane.admin_key,
+        ):
             assert secret not in history
 
 
@@ -127,7 +160,10 @@ async def test_continue_as_new_keeps_a_long_job_going(stack: Stack) -> None:
 
 
 async def test_user_loop_runs_with_the_same_guarantees(stack: Stack) -> None:
-    spec = stack.spec("custom", training={"loop": "tests.workflows.user_loops:inline_examples", "micro_batches": 2})
+    spec = stack.spec(
+        "custom",
+        training={"loop": "tests.workflows.user_loops:inline_examples", "micro_batches": 2},
+    )
     handle = await stack.start(spec)
     result = await handle.result()
     assert result.phase is Phase.COMPLETED and result.model is not None

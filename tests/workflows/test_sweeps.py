@@ -24,7 +24,14 @@ PARAMS = {
 
 def sweep_data(stack: Stack, name: str, **fields: Any) -> dict[str, Any]:
     base = stack.spec(f"{name}-base").model_dump(mode="json")
-    return {"name": name, "spec": base, "parameters": PARAMS, "max_trials": 4, "parallelism": 2, **fields}
+    return {
+        "name": name,
+        "spec": base,
+        "parameters": PARAMS,
+        "max_trials": 4,
+        "parallelism": 2,
+        **fields,
+    }
 
 
 async def run_sweep(stack: Stack, data: dict[str, Any]) -> tuple[SweepHandle, SweepStatus]:
@@ -63,7 +70,9 @@ async def assert_no_trainer_left(stack: Stack) -> None:
 
 
 async def test_random_sweep_with_parallelism_picks_and_promotes_the_best(stack: Stack) -> None:
-    handle, status = await run_sweep(stack, sweep_data(stack, "rand", method="random", promote_best={"model_id": "rand-best"}))
+    handle, status = await run_sweep(
+        stack, sweep_data(stack, "rand", method="random", promote_best={"model_id": "rand-best"})
+    )
     assert status.phase == "COMPLETED"
     assert [t.state for t in status.trials] == ["completed"] * 4
     metrics = [t.metric for t in status.trials]
@@ -81,8 +90,13 @@ async def test_random_sweep_with_parallelism_picks_and_promotes_the_best(stack: 
 
 
 async def test_grid_sweep_walks_the_grid_in_order(stack: Stack) -> None:
-    params = {"trainer.lora_rank": {"type": "int", "min": 0, "max": 4, "step": 4}, "training.batch_size": {"type": "categorical", "values": [16, 32]}}
-    _, status = await run_sweep(stack, {**sweep_data(stack, "grid", method="grid", max_trials=3), "parameters": params})
+    params = {
+        "trainer.lora_rank": {"type": "int", "min": 0, "max": 4, "step": 4},
+        "training.batch_size": {"type": "categorical", "values": [16, 32]},
+    }
+    _, status = await run_sweep(
+        stack, {**sweep_data(stack, "grid", method="grid", max_trials=3), "parameters": params}
+    )
     assert [t.params for t in status.trials] == [
         {"trainer.lora_rank": 0, "training.batch_size": 16},
         {"trainer.lora_rank": 0, "training.batch_size": 32},
@@ -92,12 +106,16 @@ async def test_grid_sweep_walks_the_grid_in_order(stack: Stack) -> None:
 
 
 async def test_bayes_sweep_asks_optuna_from_an_activity(stack: Stack) -> None:
-    handle, status = await run_sweep(stack, sweep_data(stack, "bayes", method="bayes", max_trials=5, parallelism=1))
+    handle, status = await run_sweep(
+        stack, sweep_data(stack, "bayes", method="bayes", max_trials=5, parallelism=1)
+    )
     assert status.phase == "COMPLETED" and len(status.trials) == 5
     suggestions = 0
     async for e in stack.client.get_workflow_handle(handle.id).fetch_history_events():
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
-            suggestions += e.activity_task_scheduled_event_attributes.activity_type.name == "suggest_trial"
+            suggestions += (
+                e.activity_task_scheduled_event_attributes.activity_type.name == "suggest_trial"
+            )
     assert suggestions == 5
     for trial in status.trials:
         lr = trial.params["trainer.learning_rate"]
@@ -107,7 +125,9 @@ async def test_bayes_sweep_asks_optuna_from_an_activity(stack: Stack) -> None:
 async def test_median_rule_stops_losing_trials(stack: Stack) -> None:
     # Two good learning rates and two hopeless ones, all running at once on slow steps.
     params = {"trainer.learning_rate": {"type": "categorical", "values": [0.02, 0.015, 1e-6, 2e-6]}}
-    base = stack.spec("med-base", trainer={"extra_args": ["--compute-delay-ms=40"]}, training={"total_steps": 60}).model_dump(mode="json")
+    base = stack.spec(
+        "med-base", trainer={"extra_args": ["--compute-delay-ms=40"]}, training={"total_steps": 60}
+    ).model_dump(mode="json")
     data = {
         "name": "median",
         "spec": base,
@@ -130,9 +150,13 @@ async def test_median_rule_stops_losing_trials(stack: Stack) -> None:
 
 
 async def test_cancelling_a_sweep_cancels_and_cleans_every_trial(stack: Stack) -> None:
-    base = stack.spec("cx-base", trainer={"extra_args": ["--compute-delay-ms=80"]}, training={"total_steps": 100}).model_dump(mode="json")
+    base = stack.spec(
+        "cx-base", trainer={"extra_args": ["--compute-delay-ms=80"]}, training={"total_steps": 100}
+    ).model_dump(mode="json")
     sh = Shepherd(stack.client, task_queue=stack.task_queue)
-    handle = await sh.submit_sweep({"name": "cx", "spec": base, "parameters": PARAMS, "max_trials": 4, "parallelism": 2})
+    handle = await sh.submit_sweep(
+        {"name": "cx", "spec": base, "parameters": PARAMS, "max_trials": 4, "parallelism": 2}
+    )
     stack.handles.append(stack.client.get_workflow_handle(handle.id))
 
     async def two_running() -> bool:

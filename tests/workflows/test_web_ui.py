@@ -17,7 +17,9 @@ from tests.workflows.conftest import Stack
 from tests.workflows.test_recovery import SLOW
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-playwright_api = pytest.importorskip("playwright.async_api", reason="playwright is not installed (make test installs it)")
+playwright_api = pytest.importorskip(
+    "playwright.async_api", reason="playwright is not installed (make test installs it)"
+)
 
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None,
@@ -25,11 +27,21 @@ pytestmark = pytest.mark.skipif(
 )
 
 # As the machine notes advise: no background networking on a closed network.
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 async def test_job_page_shows_details_and_takes_pause_and_resume(stack: Stack, ui_url: str) -> None:
-    spec = stack.spec("webui", labels={"team": "support"}, trainer=SLOW, training={"total_steps": 200})
+    spec = stack.spec(
+        "webui", labels={"team": "support"}, trainer=SLOW, training={"total_steps": 5000}
+    )
     handle = await start_job(stack.client, spec, task_queue=stack.task_queue)
     stack.handles.append(handle)
     running = await stack.until(handle, lambda s: s.step >= 10 and s.phase is Phase.TRAINING)
@@ -58,14 +70,18 @@ async def test_job_page_shows_details_and_takes_pause_and_resume(stack: Stack, u
             shown = "\n".join(texts)
             assert f"trainer {running.trainer_job_id}" in shown  # current details
             # (The renderer typesets "70/200" with a fraction slash.)
-            assert re.search(r"step \d+\D200", shown) and "loss" in shown and "eval_loss" in shown
-            assert "webui: 200 steps" in shown  # the static summary
+            assert re.search(r"step \d+\D5000", shown) and "loss" in shown and "eval_loss" in shown
+            assert "webui: 5000 steps" in shown  # the static summary
 
             async def send(signal: str) -> None:
                 await page.get_by_role("button", name="More Actions").click()
                 await page.get_by_role("menu").get_by_text("Send a Signal").click()
                 await page.locator("[data-testid=signal-select-button]:visible").click()
-                await page.locator("#signal-select-select:visible").get_by_text(signal, exact=True).click()
+                await (
+                    page.locator("#signal-select-select:visible")
+                    .get_by_text(signal, exact=True)
+                    .click()
+                )
                 await page.get_by_role("textbox").last.fill("{}")
                 await page.get_by_role("button", name="Submit").click()
 

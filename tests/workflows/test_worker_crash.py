@@ -20,7 +20,9 @@ from workers.devstack import wait_until
 
 
 @contextmanager
-def worker_process(stack: Stack, task_queue: str, tmp: Path, name: str) -> Iterator[subprocess.Popen[bytes]]:
+def worker_process(
+    stack: Stack, task_queue: str, tmp: Path, name: str
+) -> Iterator[subprocess.Popen[bytes]]:
     ready = tmp / f"{name}.ready"
     env = {
         **os.environ,
@@ -46,9 +48,13 @@ def worker_process(stack: Stack, task_queue: str, tmp: Path, name: str) -> Itera
             proc.wait(15)
 
 
-async def test_sigkilled_worker_is_replaced_without_a_second_trainer(stack: Stack, tmp_path: Path) -> None:
+async def test_sigkilled_worker_is_replaced_without_a_second_trainer(
+    stack: Stack, tmp_path: Path
+) -> None:
     queue = f"crash-{uuid.uuid4().hex[:8]}"
-    spec = stack.spec("crash", trainer=SLOW, training={"total_steps": 50}, policies={"heartbeat_timeout": "3s"})
+    spec = stack.spec(
+        "crash", trainer=SLOW, training={"total_steps": 50}, policies={"heartbeat_timeout": "3s"}
+    )
     reference = await stack.start(stack.spec("ref", trainer=SLOW, training={"total_steps": 50}))
 
     with worker_process(stack, queue, tmp_path, "first") as first:
@@ -66,6 +72,8 @@ async def test_sigkilled_worker_is_replaced_without_a_second_trainer(stack: Stac
     assert result.trainer_job_id == before.trainer_job_id and result.generation == 0
     assert result.preemptions == 0 and not result.recoveries
     job = (await stack.admin.stats())["jobs"][stack.job_name(result.trainer_job_id or "")]
-    assert job["creates"] == 1 and job.get("createConflicts", 0) == 0 and job["trainersStarted"] == 1
+    assert (
+        job["creates"] == 1 and job.get("createConflicts", 0) == 0 and job["trainersStarted"] == 1
+    )
     assert job["liveTrainer"] is False
     assert await model_digest(stack, "crash-model") == await model_digest(stack, "ref-model")

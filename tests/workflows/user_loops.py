@@ -7,15 +7,23 @@ from __future__ import annotations
 from shepherd.loops import LoopContext
 from shepherd.platform.models import AdamParams, ForwardBackwardRequest, OptimStepRequest
 
-TEXTS = ["shepherd keeps the job alive", "checkpoints survive preemption", "the route warms up first"]
+TEXTS = [
+    "shepherd keeps the job alive",
+    "checkpoints survive preemption",
+    "the route warms up first",
+]
 
 
 async def inline_examples(ctx: LoopContext, step: int) -> float:
     for mb in range(ctx.micro_batches):
         examples = [{"text": TEXTS[(step + mb + i) % len(TEXTS)]} for i in range(2)]
-        await ctx.trainer.forward_backward(ForwardBackwardRequest(step=step, micro_batch=mb, batch={"examples": examples}))
+        await ctx.trainer.forward_backward(
+            ForwardBackwardRequest(step=step, micro_batch=mb, batch={"examples": examples})
+        )
     warmup = min(1.0, step / 5)
     answer = await ctx.trainer.optim_step(
-        OptimStepRequest(step=step, adam_params=AdamParams(learning_rate=ctx.learning_rate * warmup))
+        OptimStepRequest(
+            step=step, adam_params=AdamParams(learning_rate=ctx.learning_rate * warmup)
+        )
     )
     return float(answer.metrics["loss"])
