@@ -8,7 +8,14 @@ from datetime import timedelta
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.base import ClientProvider, log, previous_details, translate, verified_404
+from activities.base import (
+    ClientProvider,
+    keepalive,
+    log,
+    previous_details,
+    translate,
+    verified_404,
+)
 from shepherd.models import (
     CheckpointRecord,
     EvaluateInput,
@@ -26,10 +33,23 @@ from shepherd.platform import NotFound, PlatformClient, PlatformError, RouteNotF
 _RACES, _WINDOW = 4, timedelta(seconds=30)
 
 
-async def _route_lost(client: PlatformClient, trainer_job_id: str) -> ApplicationError:
-    races = int(previous_details().get("route_races", 0)) + 1
-    activity.heartbeat({"route_races": races})
-    return await verified_404(client, trainer_job_id, races=races, retries=_RACES, window=_WINDOW)
+#: Heartbeat this often while a (possibly minutes-long) save/evaluate/load is in flight, so a
+#: dead worker is noticed within the heartbeat timeout, not the start-to-close timeout.
+KEEPALIVE_S = 2.0
+
+
+def _progress() -> dict[str, int]:
+    return {"route_races": int(previous_details().get("route_races", 0))}
+
+
+async def _route_lost(
+    client: PlatformClient, trainer_job_id: str, progress: dict[str, int]
+) -> ApplicationError:
+    progress["route_races"] += 1
+    activity.heartbeat(dict(progress))
+    return await verified_404(
+        client, trainer_job_id, races=progress["route_races"], retries=_RACES, window=_WINDOW
+    )
 
 
 class CheckpointActivities:
@@ -40,10 +60,12 @@ class CheckpointActivities:
     async def save_checkpoint(self, inp: SaveCheckpointInput) -> CheckpointRecord:
         client = self.clients.client(inp.backend)
         trainer = await client.trainer(inp.trainer_job_id)
+        progress = _progress()
         try:
-            saved = await trainer.save_weights(inp.name)
+            async with keepalive(progress, KEEPALIVE_S):
+                saved = await trainer.save_weights(inp.name)
         except RouteNotFound:
-            raise await _route_lost(client, inp.trainer_job_id) from None
+            raise await _route_lost(client, inp.trainer_job_id, progress) from None
         except PlatformError as exc:
             raise translate(exc, f"saving checkpoint {inp.name}") from None
         log(trainer_job_id=inp.trainer_job_id).info(
@@ -55,10 +77,12 @@ class CheckpointActivities:
     async def evaluate(self, inp: EvaluateInput) -> EvaluateResult:
         client = self.clients.client(inp.backend)
         trainer = await client.trainer(inp.trainer_job_id)
+        progress = _progress()
         try:
-            result = await trainer.evaluate()
+            async with keepalive(progress, KEEPALIVE_S):
+                result = await trainer.evaluate()
         except RouteNotFound:
-            raise await _route_lost(client, inp.trainer_job_id) from None
+            raise await _route_lost(client, inp.trainer_job_id, progress) from None
         except PlatformError as exc:
             raise translate(exc, "evaluating") from None
         metrics = {"eval_loss": float(result.eval_loss)}
@@ -72,10 +96,12 @@ class CheckpointActivities:
     async def load_checkpoint(self, inp: LoadCheckpointInput) -> LoadCheckpointResult:
         client = self.clients.client(inp.backend)
         trainer = await client.trainer(inp.trainer_job_id)
+        progress = _progress()
         try:
-            loaded = await trainer.load_weights(inp.checkpoint)
+            async with keepalive(progress, KEEPALIVE_S):
+                loaded = await trainer.load_weights(inp.checkpoint)
         except RouteNotFound:
-            raise await _route_lost(client, inp.trainer_job_id) from None
+            raise await _route_lost(client, inp.trainer_job_id, progress) from None
         except PlatformError as exc:
             raise translate(exc, f"loading checkpoint {inp.checkpoint}") from None
         log(trainer_job_id=inp.trainer_job_id).info(

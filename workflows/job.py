@@ -496,8 +496,11 @@ class TrainingJobWorkflow:
         try:
             result = await handle
         except ActivityError as err:
-            if self._pause_requested and is_cancelled_exception(err):
+            # A cancel we asked for (the activity was between attempts, so no partial result).
+            if is_cancelled_exception(err) and self._pause_requested:
                 raise _PauseNow() from None
+            if is_cancelled_exception(err) and died():
+                raise self._death_event() from None
             self._raise_mapped(err, "ChunkTimeout", "training")
         if not result.partial:
             return result

@@ -159,8 +159,12 @@ class Policies:
 
     @classmethod
     def for_spec(cls, p: PoliciesSpec, *, chunk_steps: int) -> Policies:
+        # A save of a large checkpoint can take minutes; the heartbeat, not the
+        # start-to-close timeout, is what notices a dead worker.
         data_plane = ActivityPolicy(
-            start_to_close=p.step_timeout + timedelta(minutes=1), retry=_TRANSIENT
+            start_to_close=p.step_timeout + timedelta(minutes=1),
+            heartbeat=p.heartbeat_timeout,
+            retry=_TRANSIENT,
         )
         return cls(
             resolve_shape=ActivityPolicy(start_to_close=timedelta(seconds=45), retry=_TRANSIENT),

@@ -3,6 +3,7 @@ one trainer created and the same final weights."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -77,3 +78,38 @@ async def test_sigkilled_worker_is_replaced_without_a_second_trainer(
     )
     assert job["liveTrainer"] is False
     assert await model_digest(stack, "crash-model") == await model_digest(stack, "ref-model")
+
+
+async def test_sweep_survives_a_sigkilled_worker(stack: Stack, tmp_path: Path) -> None:
+    from shepherd.client import Shepherd
+
+    queue = f"sweepcrash-{uuid.uuid4().hex[:8]}"
+    base = stack.spec("sc-base", trainer=SLOW, training={"total_steps": 30}, policies={"heartbeat_timeout": "3s"})
+    data = {
+        "name": "sweepcrash",
+        "spec": base.model_dump(mode="json"),
+        "parameters": {"trainer.lora_rank": {"type": "categorical", "values": [0, 4, 8]}},
+        "method": "grid",
+        "max_trials": 3,
+        "parallelism": 2,
+    }
+    sh = Shepherd(stack.client, task_queue=queue)
+    with worker_process(stack, queue, tmp_path, "first") as first:
+        sweep = await sh.submit_sweep(data)
+        stack.handles.append(stack.client.get_workflow_handle(sweep.id))
+        async with asyncio.timeout(60):
+            while not (await sweep.status()).trials:
+                await asyncio.sleep(0.2)
+        await stack.until(stack.client.get_workflow_handle(f"{sweep.id}-t0"), lambda s: s.step >= 10)
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+
+    with worker_process(stack, queue, tmp_path, "second"):
+        status = await sweep.wait()
+
+    assert status.phase == "COMPLETED"
+    assert [t.state for t in status.trials] == ["completed"] * 3
+    # Each trial kept its one trainer through the crash.
+    jobs = (await stack.admin.stats())["jobs"]
+    mine = [v for k, v in jobs.items() if f"/{stack.account.id}/rlorTrainerJobs/sweepcrash-" in k]
+    assert len(mine) == 3 and all(v["creates"] == 1 and v["trainersStarted"] == 1 for v in mine)
