@@ -50,8 +50,13 @@ demo: $(STAMP)
 dev: $(STAMP)
 	$(BIN)/shepherd dev
 
+# Benchmarks print JSON (kept in bench/out/) and draw their plots there.
 bench: $(STAMP)
-	$(BIN)/python bench/plane.py
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	@mkdir -p bench/out
+	$(BIN)/python bench/plane.py | tee bench/out/plane.json
+	$(BIN)/python bench/overhead.py | tee bench/out/overhead.json
+	$(BIN)/python bench/recovery.py | tee bench/out/recovery.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .shepherd

@@ -1,6 +1,9 @@
 """``python -m localplane`` — the same as ``shepherd plane``."""
 
-from shepherd.cli.main import app
+import sys
+
+from shepherd.cli.main import main
 
 if __name__ == "__main__":
-    app(["plane", *__import__("sys").argv[1:]])
+    sys.argv[1:1] = ["plane"]
+    main()

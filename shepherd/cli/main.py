@@ -250,5 +250,26 @@ def demo(
     raise typer.Exit(run_demo(state_dir=state_dir, keep=keep, spec_path=spec or QUICKSTART))
 
 
+def main() -> None:
+    """The ``shepherd`` entry point.
+
+    Once a command has finished (services stopped, output written), the process exits
+    without interpreter teardown: the Temporal client's native threads can outlive the event
+    loop and abort CPython's finalization (temporalio/sdk-python#300), which would turn a
+    success into a crash.
+    """
+    import os
+    import sys
+
+    try:
+        app()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    app()
+    main()
