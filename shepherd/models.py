@@ -8,7 +8,6 @@ worker's configuration.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -297,6 +296,22 @@ class TrialProgress(Model):
     metric: float
 
 
+class CarriedFlags(Model):
+    """The lifecycle's internal state carried across continue-as-new (with the status)."""
+
+    trainer_live: bool = False
+    serving: bool = False
+    shape_version: str | None = None
+    to_load: str | None = None
+    prefix: str | None = None
+    #: None: the spec decides (a fallback to on-demand sets False).
+    preemptible: bool | None = None
+    prune_unsupported: bool = False
+    pauses: int = 0
+    event_state: str | None = None
+    event_id: int = 0
+
+
 class JobInput(Model):
     """The lifecycle workflow's one argument."""
 
@@ -312,5 +327,5 @@ class JobInput(Model):
     report_progress_to: str | None = None
     #: State carried across continue-as-new (None on a fresh start).
     carried: JobStatus | None = None
-    #: Internal flags carried across continue-as-new.
-    carried_flags: dict[str, Any] = Field(default_factory=dict)
+    #: Internal state carried across continue-as-new.
+    carried_flags: CarriedFlags = Field(default_factory=CarriedFlags)

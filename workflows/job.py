@@ -39,6 +39,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.training import TrainingActivities
     from shepherd import search_attributes as sa
     from shepherd.models import (
+        CarriedFlags,
         CheckpointRecord,
         ChunkResult,
         CreateTrainerInput,
@@ -157,17 +158,19 @@ class TrainingJobWorkflow:
         self._templated = inp.templated
         self._visible = inp.search_attributes
         self._report_to = inp.report_progress_to
-        self._trainer_live: bool = flags.get("trainer_live", False)
-        self._serving: bool = flags.get("serving", False)
-        self._shape_version: str | None = flags.get("shape_version")
-        self._to_load: str | None = flags.get("to_load")
-        self._prefix: str | None = flags.get("prefix")
-        self._preemptible: bool = flags.get("preemptible", self.spec.preemptible)
-        self._prune_unsupported: bool = flags.get("prune_unsupported", False)
-        self._pauses: int = flags.get("pauses", 0)
-        self._event_state: str | None = flags.get("event_state")
+        self._trainer_live = flags.trainer_live
+        self._serving = flags.serving
+        self._shape_version = flags.shape_version
+        self._to_load = flags.to_load
+        self._prefix = flags.prefix
+        self._preemptible = (
+            self.spec.preemptible if flags.preemptible is None else flags.preemptible
+        )
+        self._prune_unsupported = flags.prune_unsupported
+        self._pauses = flags.pauses
+        self._event_state = flags.event_state
         self._event_message = ""
-        self._event_id: int = flags.get("event_id", 0)
+        self._event_id = flags.event_id
         #: Platform update time of the freshest state observed by polling; older events are stale.
         self._observed_at: datetime | None = None
         self._pause_requested = False
@@ -896,18 +899,18 @@ class TrainingJobWorkflow:
                 parent_workflow_id=self.s.parent_workflow_id,
                 carried=self.s,
                 report_progress_to=self._report_to,
-                carried_flags={
-                    "trainer_live": self._trainer_live,
-                    "serving": self._serving,
-                    "shape_version": self._shape_version,
-                    "to_load": self._to_load,
-                    "prefix": self._prefix,
-                    "preemptible": self._preemptible,
-                    "prune_unsupported": self._prune_unsupported,
-                    "pauses": self._pauses,
-                    "event_state": self._event_state,
-                    "event_id": self._event_id,
-                },
+                carried_flags=CarriedFlags(
+                    trainer_live=self._trainer_live,
+                    serving=self._serving,
+                    shape_version=self._shape_version,
+                    to_load=self._to_load,
+                    prefix=self._prefix,
+                    preemptible=self._preemptible,
+                    prune_unsupported=self._prune_unsupported,
+                    pauses=self._pauses,
+                    event_state=self._event_state,
+                    event_id=self._event_id,
+                ),
             )
         )
 

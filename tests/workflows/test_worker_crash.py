@@ -84,7 +84,9 @@ async def test_sweep_survives_a_sigkilled_worker(stack: Stack, tmp_path: Path) -
     from shepherd.client import Shepherd
 
     queue = f"sweepcrash-{uuid.uuid4().hex[:8]}"
-    base = stack.spec("sc-base", trainer=SLOW, training={"total_steps": 30}, policies={"heartbeat_timeout": "3s"})
+    base = stack.spec(
+        "sc-base", trainer=SLOW, training={"total_steps": 30}, policies={"heartbeat_timeout": "3s"}
+    )
     data = {
         "name": "sweepcrash",
         "spec": base.model_dump(mode="json"),
@@ -100,7 +102,9 @@ async def test_sweep_survives_a_sigkilled_worker(stack: Stack, tmp_path: Path) -
         async with asyncio.timeout(60):
             while not (await sweep.status()).trials:
                 await asyncio.sleep(0.2)
-        await stack.until(stack.client.get_workflow_handle(f"{sweep.id}-t0"), lambda s: s.step >= 10)
+        await stack.until(
+            stack.client.get_workflow_handle(f"{sweep.id}-t0"), lambda s: s.step >= 10
+        )
         first.send_signal(signal.SIGKILL)
         first.wait(10)
 
