@@ -141,7 +141,7 @@ class SweepWorkflow:
         params = await self._params(index)
         spec = trial_spec(self.sweep, index, params)
         workflow_id = f"{self.s.workflow_id}-t{index}"
-        trial = TrialState(index=index, params=params, workflow_id=workflow_id, state="running")
+        trial = TrialState(index=index, params=params, workflow_id=workflow_id, state="pending")
         self.s.trials.append(trial)
         self._by_workflow[workflow_id] = index
         attrs = TypedSearchAttributes(
@@ -167,6 +167,7 @@ class SweepWorkflow:
             search_attributes=attrs,
             static_summary=f"trial {index} of sweep {self.sweep.name}: " + static_summary(spec),
         )
+        trial.state = "running"  # the child exists from here on
         self._publish()
         return handle
 

@@ -100,7 +100,7 @@ async def test_sweep_survives_a_sigkilled_worker(stack: Stack, tmp_path: Path) -
         sweep = await sh.submit_sweep(data)
         stack.handles.append(stack.client.get_workflow_handle(sweep.id))
         async with asyncio.timeout(60):
-            while not (await sweep.status()).trials:
+            while [t.state for t in (await sweep.status()).trials][:1] != ["running"]:
                 await asyncio.sleep(0.2)
         await stack.until(
             stack.client.get_workflow_handle(f"{sweep.id}-t0"), lambda s: s.step >= 10
