@@ -61,6 +61,22 @@ class PromotionActivities:
             checkpoint=inp.checkpoint,
         )
 
+    @activity.defn(name="check_model_free")
+    async def check_model_free(self, inp: PromoteInput) -> None:
+        """Before anything is provisioned: the output model id must not be taken."""
+        client = self.clients.client(inp.backend)
+        try:
+            model = await client.get_model(inp.model_id)
+        except NotFound:
+            return
+        except PlatformError as exc:
+            raise translate(exc, "checking the output model id") from None
+        raise ApplicationError(
+            f"output.model_id: model {model.name} already exists (from {model.checkpoint}); choose another id",
+            type=policies.MODEL_EXISTS,
+            non_retryable=True,
+        )
+
     @activity.defn(name="wait_for_model")
     async def wait_for_model(self, inp: PromoteInput) -> ModelInfo:
         client = self.clients.client(inp.backend)

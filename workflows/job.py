@@ -263,12 +263,16 @@ class TrainingJobWorkflow:
                     ResolveShapeInput(
                         backend=self.spec.backend, shape=self.spec.trainer.training_shape
                     ),
-                    self.pol.resolve_shape,
+                    self.pol.lookup,
                     "resolve the training shape",
                 )
                 self._shape_version = shape.version
             if self.spec.training.resume_from and not self.s.checkpoints:
                 self._to_load = self.spec.training.resume_from
+            if self.spec.output.promote != "none" and workflow.patched(
+                "check-model-before-provisioning"
+            ):
+                await self._check_model_free()
         lost: _Lost | None = None
         while True:
             try:
@@ -748,6 +752,30 @@ class TrainingJobWorkflow:
         self.s.model = model
         self._upsert([sa.MODEL.value_set(model.name)])
 
+    async def _check_model_free(self) -> None:
+        """A taken output model id fails the job before any GPU is spent on it."""
+        assert self.spec.output.model_id is not None
+        probe = PromoteInput(
+            backend=self.spec.backend,
+            trainer_job_id="",
+            checkpoint="",
+            model_id=self.spec.output.model_id,
+            base_model=self.spec.trainer.base_model,
+        )
+        try:
+            await self._act(
+                PromotionActivities.check_model_free,
+                probe,
+                self.pol.lookup,
+                "check the output model id",
+            )
+        except ActivityError as err:
+            if getattr(_root(err), "type", None) == policies.MODEL_EXISTS:
+                raise _Terminal(
+                    Phase.FAILED, policies.MODEL_EXISTS, getattr(_root(err), "message", "")
+                ) from None
+            raise
+
     async def _delete_trainer(self) -> None:
         if not self._trainer_live or self.s.trainer_job_id is None:
             return
@@ -847,11 +875,13 @@ class TrainingJobWorkflow:
                 f"{what}: gave up after the declared timeout ({root.type.name if root.type else 'timeout'})",
             )
         if (
-            isinstance(root, ApplicationError)
+            self._trainer_live
+            and isinstance(root, ApplicationError)
             and not root.non_retryable
             and kind not in policies.PERMANENT
         ):
-            # Transient errors outlasted the retry policy: a genuine failure, recoverable.
+            # Transient errors outlasted the retry policy on a live trainer: a genuine failure,
+            # recovered from inside the lifecycle loop (before a trainer exists, it just fails).
             return _Lost("TransientErrors", None, f"{what}: {root.message}")
         return err
 

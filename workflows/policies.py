@@ -122,8 +122,8 @@ _TRANSIENT = RetryPolicy(
 class Policies:
     """Every activity policy of one job, from its ``spec.policies``."""
 
-    #: Resolving a shape is one GET; a missing shape is permanent.
-    resolve_shape: ActivityPolicy
+    #: One control-plane read (a shape, a model id); a permanent answer is final.
+    lookup: ActivityPolicy
     #: Create is idempotent by client-chosen id, so retrying it is always safe.
     create_trainer: ActivityPolicy
     #: Waiting for a capacity slot may take days on a busy platform (pending_timeout, 48 h).
@@ -167,7 +167,7 @@ class Policies:
             retry=_TRANSIENT,
         )
         return cls(
-            resolve_shape=ActivityPolicy(start_to_close=timedelta(seconds=45), retry=_TRANSIENT),
+            lookup=ActivityPolicy(start_to_close=timedelta(seconds=45), retry=_TRANSIENT),
             create_trainer=ActivityPolicy(start_to_close=timedelta(seconds=45), retry=_TRANSIENT),
             wait_placement=_poll(p.poll_interval, p.pending_timeout),
             wait_running=_poll(p.poll_interval, p.ready_timeout),

@@ -192,3 +192,17 @@ async def test_polling_alone_also_gets_there(stack: Stack) -> None:
     result = await handle.result()
     assert result.phase is Phase.COMPLETED
     assert await _signals(handle) == 0
+
+
+async def test_a_taken_output_model_fails_before_any_trainer(stack: Stack) -> None:
+    first = await stack.start(stack.spec("taken"))
+    await first.result()  # promotes taken-model
+    before = (await stack.admin.stats())["creates"]
+    second = await stack.start(stack.spec("taken-again", output={"model_id": "taken-model"}))
+    with pytest.raises(WorkflowFailureError) as failed:
+        await second.result()
+    assert failed.value.cause.type == "ModelExists"  # type: ignore[attr-defined]
+    assert "output.model_id" in str(failed.value.cause)
+    status = await stack.status(second)
+    assert status.trainer_job_id is None and status.phase is Phase.FAILED
+    assert (await stack.admin.stats())["creates"] == before
