@@ -30,34 +30,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import json
-import os
-import platform
-import signal
-import sys
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import numpy as np
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client, WorkflowHandle
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Worker
+from temporalio.client import WorkflowHandle
 
-from localplane.admin import PlaneAdmin
-from localplane.process import PlaneProcess
-from shepherd import binaries
-from shepherd import search_attributes as sa
-from shepherd.logging import configure_logging
-from shepherd.models import JobInput, JobStatus
-from shepherd.platform import PlatformClient, RouteNotFound, TrainerClient
+from shepherd.models import JobStatus
 from shepherd.platform.models import (
     AdamParams,
     CreateTrainerJobRequest,
@@ -66,11 +49,22 @@ from shepherd.platform.models import (
     TrainingConfig,
 )
 from shepherd.spec import JobSpec, validate_spec
-from shepherd.states import JobState
-from workers.config import BackendProfile, BackendRegistry
-from workers.events import EventBridge
-from workers.main import WORKFLOWS, activities_for
-from workflows.job import TrainingJobWorkflow
+
+# isort: split
+# bench/ is sys.path[0] when a script runs as `python bench/<name>.py`: not a package import.
+from common import (
+    Runner,
+    Stack,
+    log,
+    machine,
+    positive,
+    r3,
+    run_main,
+    shepherd_stack,
+    shepherd_worker,
+    wait_running,
+    warm,
+)
 
 #: The plane's defaults (route lag 0-0.3 s per gateway replica, no injected faults), with
 #: room for the warm-up job's trainer next to the measured one.
@@ -80,8 +74,6 @@ LEARNING_RATE = 3e-3
 SEED = 0
 BATCH_SIZE = 32
 DATASET = "synthetic:text"
-#: The worker's key lives in an env mapping handed to the registry, never in os.environ.
-KEY_ENV = "SHEPHERD_BENCH_PLANE_KEY"
 TARGET_RATIO = 1.05
 #: Per training call, like Shepherd's default step_timeout (a slow emulated step is fine).
 STEP_TIMEOUT_S = 600.0
@@ -98,112 +90,6 @@ CATEGORIES: list[tuple[str, list[str], list[str]]] = [
     ("checkpoint + evaluate", ["CHECKPOINTING"], ["checkpointing"]),
     ("final evaluation + delete", ["EVALUATING", "EXPORTING"], ["delete"]),
 ]
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def machine() -> dict[str, Any]:
-    return {
-        "cpu_count": os.cpu_count(),
-        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "processor": platform.machine(),
-        # Other processes compete for the same CPUs: a high load average taints the timings.
-        "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
-    }
-
-
-def reserve_stdout() -> TextIO:
-    """The real stdout, kept for the JSON document; from now on anything else written to
-    file descriptor 1 (the Temporal dev server prints its banner there) goes to stderr."""
-    sys.stdout.flush()
-    report = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)
-    return report
-
-
-def r3(x: float) -> float:
-    return round(float(x), 3)
-
-
-# ----------------------------------------------------------------------------- the stack
-
-
-@dataclass
-class Stack:
-    """Temporal, the plane (as one fresh account) and a worker with the event bridge."""
-
-    client: Client
-    plane: PlaneProcess
-    admin: PlaneAdmin
-    account_id: str
-    api_key: str
-    platform: PlatformClient
-    task_queue: str = ""
-    handles: list[WorkflowHandle[Any, Any]] = field(default_factory=list)
-
-    def job_name(self, job_id: str) -> str:
-        return f"accounts/{self.account_id}/rlorTrainerJobs/{job_id}"
-
-
-@contextlib.asynccontextmanager
-async def shepherd_stack() -> AsyncIterator[Stack]:
-    """Start everything; stop everything this started, also on errors and cancellation."""
-    async with contextlib.AsyncExitStack() as stack:
-        log("starting the Temporal dev server")
-        env = await WorkflowEnvironment.start_local(
-            dev_server_existing_path=binaries.temporal(),
-            data_converter=pydantic_data_converter,
-            search_attributes=list(sa.ALL),
-            dev_server_log_level="error",
-            ui=False,
-        )
-        await stack.enter_async_context(env)
-        log(f"starting localplane with {json.dumps(PLANE_CONFIG)}")
-        plane = PlaneProcess(config=PLANE_CONFIG)
-        stack.callback(plane.cleanup)  # registered first: a failed start is cleaned up too
-        await asyncio.to_thread(plane.start)
-        admin = await stack.enter_async_context(PlaneAdmin(plane.url, plane.admin_key))
-        account_id, api_key = await admin.create_account()
-        client = await stack.enter_async_context(
-            PlatformClient(plane.url, api_key, account_id=account_id)
-        )
-        st = Stack(env.client, plane, admin, account_id, api_key, client)
-
-        task_queue = f"bench-overhead-{uuid.uuid4().hex[:8]}"
-        profile = BackendProfile(name="local", url=plane.url, api_key_env=KEY_ENV, events=True)
-        registry = BackendRegistry({"local": profile}, env={KEY_ENV: api_key})
-        stack.push_async_callback(registry.aclose)
-        await stack.enter_async_context(
-            Worker(
-                env.client,
-                task_queue=task_queue,
-                workflows=WORKFLOWS,
-                activities=activities_for(registry),
-            )
-        )
-        bridge_task = asyncio.create_task(EventBridge(env.client, registry).run())
-
-        async def stop_bridge() -> None:
-            bridge_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await bridge_task
-
-        stack.push_async_callback(stop_bridge)
-        st.task_queue = task_queue
-
-        async def terminate_leftovers() -> None:
-            # Runs before the worker stops: an interrupted run leaves no workflow behind.
-            for handle in st.handles:
-                with contextlib.suppress(Exception):
-                    await handle.terminate("benchmark stopped")
-
-        stack.push_async_callback(terminate_leftovers)
-        yield st
-        st.handles.clear()  # all finished: nothing to terminate
 
 
 # ---------------------------------------------------------------------- the bare loop
@@ -229,29 +115,6 @@ def create_request(job_id: str, step_ms: float) -> CreateTrainerJobRequest:
     )
 
 
-async def wait_running(client: PlatformClient, job_id: str) -> None:
-    """Wait on the job's event stream (replayed from the start: no race) for RUNNING."""
-    waiting = {JobState.PENDING, JobState.CREATING, JobState.UNSPECIFIED}
-    async for event in client.watch_jobs(job_id=job_id, last_event_id=0):
-        if event.state is JobState.RUNNING:
-            return
-        if event.state not in waiting:
-            raise RuntimeError(f"job {job_id} went {event.state.value}: {event.job.status.message}")
-
-
-async def warm(trainer: TrainerClient, probes: int = 3) -> int:
-    """Consecutive successful ``get_info`` calls (trainer-api.md §5); returns the 404s seen."""
-    ok = seen = 0
-    while ok < probes:
-        try:
-            await trainer.get_info()
-            ok += 1
-        except RouteNotFound:
-            ok, seen = 0, seen + 1
-            await asyncio.sleep(0.02)
-    return seen
-
-
 async def run_bare(st: Stack, job_id: str, args: argparse.Namespace) -> dict[str, Any]:
     client = st.platform
     phases: defaultdict[str, float] = defaultdict(float)
@@ -268,7 +131,7 @@ async def run_bare(st: Stack, job_id: str, args: argparse.Namespace) -> dict[str
     try:
         mark = since(mark, "create")
         async with asyncio.timeout(300):
-            await wait_running(client, job_id)
+            await wait_running(client, job_id, last_event_id=0)  # replayed: no race
         mark = since(mark, "until_running")
         trainer = await client.trainer(job_id)
         async with asyncio.timeout(120):
@@ -354,18 +217,12 @@ async def history_summary(handle: WorkflowHandle[Any, Any]) -> dict[str, Any]:
 
 
 async def run_shepherd(
-    st: Stack, name: str, steps: int, every: int, step_ms: float
+    st: Stack, runner: Runner, name: str, steps: int, every: int, step_ms: float
 ) -> dict[str, Any]:
     spec = shepherd_spec(name, steps, every, step_ms)
     log(f"shepherd: {name}: {steps} steps x {step_ms:g} ms, checkpoint every {every}")
     start = time.perf_counter()
-    handle = await st.client.start_workflow(
-        TrainingJobWorkflow.run,
-        JobInput(spec=spec),
-        id=f"bench-{name}-{uuid.uuid4().hex[:8]}",
-        task_queue=st.task_queue,
-    )
-    st.handles.append(handle)
+    handle = await runner.start(spec)
     status: JobStatus = await handle.result()
     wall = time.perf_counter() - start
     if status.phase.value != "COMPLETED" or status.step != steps:
@@ -503,14 +360,18 @@ def plot(out: Path, chosen: dict[str, Any]) -> dict[str, Any]:
 
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
-    async with shepherd_stack() as st:
+    async with (
+        shepherd_stack(PLANE_CONFIG) as st,
+        # Shepherd's default set-up: one worker with the event bridge, for every job.
+        shepherd_worker(st, "overhead", events=True) as runner,
+    ):
         # Not measured: pays the first workflow's sandbox imports and the plane's first trainer.
-        warmup = await run_shepherd(st, "overhead-warmup", 2, 2, 0)
+        warmup = await run_shepherd(st, runner, "overhead-warmup", 2, 2, 0)
         rounds = []
         for r in range(args.rounds):
             bare = await run_bare(st, f"overhead-bare-{r}-{uuid.uuid4().hex[:6]}", args)
             shepherd = await run_shepherd(
-                st, f"overhead-shepherd-{r}", args.steps, args.every, args.step_ms
+                st, runner, f"overhead-shepherd-{r}", args.steps, args.every, args.step_ms
             )
             rounds.append(one_round(bare, shepherd, args))
             log(
@@ -575,16 +436,6 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def positive(kind: type[int] | type[float]) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        value = kind(text)
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-        return value
-
-    return parse
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=positive(int), default=500, help="optimizer steps per job")
@@ -602,28 +453,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-async def main_async(args: argparse.Namespace) -> dict[str, Any]:
-    # SIGTERM unwinds like Ctrl-C, so the stack is stopped either way.
-    task = asyncio.current_task()
-    assert task is not None
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
-    return await bench(args)
-
-
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    out = reserve_stdout()
 
-    # Worker, activity and SDK logs go to stderr (stdout is the JSON document), warnings only.
-    configure_logging(json=True, level="WARNING")
-    try:
-        report = asyncio.run(main_async(args))
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        log("interrupted: everything this run started has been stopped; no report")
-        sys.exit(130)
-    chosen = min(report["rounds"], key=lambda x: abs(x["ratio"] - report["ratio"]))
-    report["plot"] = plot(args.out, chosen)
-    print(json.dumps(report, indent=2, default=str), file=out, flush=True)
+    def plot_report(report: dict[str, Any]) -> dict[str, Any]:
+        # The round closest to the median ratio, the one the report's summary fields describe.
+        chosen = min(report["rounds"], key=lambda x: abs(x["ratio"] - report["ratio"]))
+        return plot(args.out, chosen)
+
+    run_main(lambda: bench(args), plot_report)
 
 
 if __name__ == "__main__":

@@ -31,11 +31,8 @@ import argparse
 import asyncio
 import json
 import os
-import platform
-import sys
 import time
 from collections import Counter
-from collections.abc import Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -44,14 +41,17 @@ import numpy as np
 
 from localplane.admin import PlaneAdmin
 from localplane.process import PlaneProcess
-from shepherd.platform import PlatformClient, RouteNotFound, TrainerClient
+from shepherd.platform import PlatformClient, TrainerClient
 from shepherd.platform.models import (
     CreateTrainerJobRequest,
     ForwardBackwardRequest,
     OptimStepRequest,
     TrainingConfig,
 )
-from shepherd.states import JobState
+
+# isort: split
+# bench/ is sys.path[0] when a script runs as `python bench/<name>.py`: not a package import.
+from common import log, machine, positive, summary, wait_running, warm
 
 #: Every fault off, so only the plane's own cost is measured.
 PLANE_CONFIG = {
@@ -68,38 +68,11 @@ WARMUP_SECONDS = 1.0
 WARMUP_STEPS = 5
 #: get_info calls per path for the round-trip floor.
 FLOOR_CALLS = 100
+#: Latency percentiles reported (with mean, min and max; no raw values: there are thousands).
+PERCENTILES = (50, 90, 99)
 #: Job creation to a warm route; a trainer boots in about a second.
 STARTUP_TIMEOUT_S = 60.0
 DEFAULT_OUT = Path(__file__).resolve().parent / "out" / "plane.png"
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def summary(samples_ms: list[float]) -> dict[str, float | int]:
-    a = np.asarray(samples_ms)
-    p50, p90, p99 = np.percentile(a, [50, 90, 99])
-    return {
-        "n": int(a.size),
-        "p50": round(float(p50), 3),
-        "p90": round(float(p90), 3),
-        "p99": round(float(p99), 3),
-        "mean": round(float(a.mean()), 3),
-        "min": round(float(a.min()), 3),
-        "max": round(float(a.max()), 3),
-    }
-
-
-def machine() -> dict[str, Any]:
-    return {
-        "cpu_count": os.cpu_count(),
-        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "python": platform.python_version(),
-        "implementation": platform.python_implementation(),
-        "platform": platform.platform(),
-        "processor": platform.machine(),
-    }
 
 
 def process_cpu_seconds(pid: int) -> float | None:
@@ -120,30 +93,6 @@ def default_job_request() -> CreateTrainerJobRequest:
     return CreateTrainerJobRequest(
         training_config=TrainingConfig(base_model=BASE_MODEL, lora_rank=0, learning_rate=3e-3)
     )
-
-
-async def wait_running(client: PlatformClient, job_id: str) -> None:
-    """Wait on the job's event stream until it is RUNNING (callers bound it with a timeout)."""
-    waiting = {JobState.PENDING, JobState.CREATING, JobState.UNSPECIFIED}
-    if (await client.get_job(job_id)).state is JobState.RUNNING:
-        return
-    async for event in client.watch_jobs(job_id=job_id):
-        if event.state is JobState.RUNNING:
-            return
-        if event.state not in waiting:
-            raise RuntimeError(f"job {job_id} went {event.state}: {event.job.status}")
-
-
-async def warm(trainer: TrainerClient, probes: int = 3) -> None:
-    """Consecutive successful get_info calls: the gateway knows the route (trainer-api.md)."""
-    ok = 0
-    while ok < probes:
-        try:
-            await trainer.get_info()
-            ok += 1
-        except RouteNotFound:
-            ok = 0
-            await asyncio.sleep(0.02)
 
 
 # ------------------------------------------------------------------- control plane load
@@ -221,7 +170,7 @@ async def control_plane_bench(
         "requests": len(samples),
         "errors": dict(errors),
         "throughput_rps": round(len(samples) / wall, 1),
-        "latency_ms": summary(samples),
+        "latency_ms": summary(samples, PERCENTILES, raw=False),
         # Both sides on one machine: how busy each was tells who limited the throughput.
         "cpu_utilisation": {
             "client": round((client_cpu1 - client_cpu0) / wall, 3),
@@ -264,9 +213,9 @@ async def trainer_bench(
     totals = {name: [a + b for a, b in zip(fb[name], opt[name], strict=True)] for name in paths}
     result = {
         name: {
-            "step_ms": summary(totals[name]),
-            "forward_backward_ms": summary(fb[name]),
-            "optim_step_ms": summary(opt[name]),
+            "step_ms": summary(totals[name], PERCENTILES, raw=False),
+            "forward_backward_ms": summary(fb[name], PERCENTILES, raw=False),
+            "optim_step_ms": summary(opt[name], PERCENTILES, raw=False),
         }
         for name in paths
     }
@@ -281,7 +230,7 @@ async def round_trip_floor(paths: dict[str, TrainerClient]) -> dict[str, Any]:
             start = time.perf_counter()
             await trainer.get_info()
             samples[name].append((time.perf_counter() - start) * 1000)
-    return {name: summary(values) for name, values in samples.items()}
+    return {name: summary(values, PERCENTILES, raw=False) for name, values in samples.items()}
 
 
 def gateway_overhead(steps: dict[str, Any]) -> dict[str, float]:
@@ -371,7 +320,7 @@ async def bench(
     report = {
         "benchmark": "localplane",
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": machine(),
+        "machine": machine(implementation=True, load_average=False),
         "plane": {"requested_config": PLANE_CONFIG, "effective_config": effective_config},
         "control_plane_get": cp,
         "trainer_step": {
@@ -388,18 +337,6 @@ async def bench(
         "plane_stats": {k: stats.get(k) for k in ("route404s", "injected5xx")},
     }
     return report, get_samples, step_samples
-
-
-def positive(kind: type[int] | type[float]) -> Callable[[str], float]:
-    """An argparse type: a number of ``kind`` above zero."""
-
-    def parse(text: str) -> float:
-        value = kind(text)
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-        return value
-
-    return parse
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -33,47 +33,45 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
-import os
-import platform
-import signal
 import sys
 import time
 import traceback
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import httpx
 import numpy as np
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client, WorkflowHandle
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Worker
+from temporalio.client import WorkflowHandle
 
-from localplane.admin import PlaneAdmin
-from localplane.process import PlaneProcess
-from shepherd import binaries
-from shepherd import search_attributes as sa
-from shepherd.logging import configure_logging
-from shepherd.models import JobInput, JobStatus
+from shepherd.models import JobStatus
 from shepherd.phases import Phase
 from shepherd.platform import PlatformClient
 from shepherd.platform.models import JobEvent
 from shepherd.spec import JobSpec, validate_spec
 from shepherd.states import JobState
-from workers.config import BackendProfile, BackendRegistry
-from workers.events import EventBridge
-from workers.main import WORKFLOWS, activities_for
-from workflows.job import TrainingJobWorkflow
+
+# isort: split
+# bench/ is sys.path[0] when a script runs as `python bench/<name>.py`: not a package import.
+from common import (
+    Runner,
+    log,
+    machine,
+    positive,
+    r3,
+    run_main,
+    shepherd_stack,
+    shepherd_worker,
+    summary,
+)
+from common import Stack as SharedStack
 
 PLANE_CONFIG: dict[str, Any] = {"capacity": 4}
 BASE_MODEL = "accounts/fireworks/models/qwen3-8b"
-KEY_ENV = "SHEPHERD_BENCH_PLANE_KEY"
 #: One job, start to finish, is bounded by this (a hang fails the section, not the machine).
 RUN_TIMEOUT_S = 180.0
 RECOVERY_TARGET_S = 2.0
@@ -91,49 +89,6 @@ PREEMPT_EVERY = 10
 PREEMPT_TOTAL = 40
 #: Preempt once the workflow has reached this step (a checkpoint) and trains the next chunk.
 PREEMPT_AFTER_STEP = 20
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def reserve_stdout() -> TextIO:
-    """The real stdout, kept for the JSON document; from now on anything else written to
-    file descriptor 1 (the Temporal dev server prints its banner there) goes to stderr."""
-    sys.stdout.flush()
-    report = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)
-    return report
-
-
-def machine() -> dict[str, Any]:
-    return {
-        "cpu_count": os.cpu_count(),
-        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "processor": platform.machine(),
-        # Other processes compete for the same CPUs: a high load average taints the timings.
-        "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
-    }
-
-
-def r3(x: float) -> float:
-    return round(float(x), 3)
-
-
-def summary(values: list[float]) -> dict[str, Any]:
-    if not values:
-        return {"n": 0, "p50": None, "max": None, "min": None, "mean": None, "values": []}
-    a = np.asarray(values, dtype=float)
-    return {
-        "n": int(a.size),
-        "p50": r3(np.percentile(a, 50)),
-        "max": r3(a.max()),
-        "min": r3(a.min()),
-        "mean": r3(a.mean()),
-        "values": [r3(v) for v in values],
-    }
 
 
 def seconds_between(later: datetime, earlier: datetime) -> float:
@@ -184,117 +139,36 @@ class EventLog:
 
 
 @dataclass
-class Stack:
-    client: Client
-    plane: PlaneProcess
-    admin: PlaneAdmin
-    account_id: str
-    api_key: str
-    platform: PlatformClient
+class Stack(SharedStack):
+    """The shared stack, plus the bench account's event log."""
+
     events: EventLog
-
-    def job_name(self, job_id: str) -> str:
-        return f"accounts/{self.account_id}/rlorTrainerJobs/{job_id}"
-
-
-@dataclass
-class Runner:
-    """One worker (and, with events, its event bridge) on its own task queue."""
-
-    stack: Stack
-    task_queue: str
-    events: bool
-    handles: list[WorkflowHandle[Any, Any]] = field(default_factory=list)
-
-    async def start(self, spec: JobSpec) -> WorkflowHandle[Any, JobStatus]:
-        handle = await self.stack.client.start_workflow(
-            TrainingJobWorkflow.run,
-            JobInput(spec=spec),
-            id=f"bench-{spec.name}-{uuid.uuid4().hex[:8]}",
-            task_queue=self.task_queue,
-        )
-        self.handles.append(handle)
-        return handle
-
-    async def status(self, handle: WorkflowHandle[Any, Any]) -> JobStatus:
-        return await handle.query("status", result_type=JobStatus)
-
-    async def until(
-        self, handle: WorkflowHandle[Any, Any], check: Callable[[JobStatus], bool]
-    ) -> JobStatus:
-        """Query until ``check(status)`` holds; callers bound it."""
-        while True:
-            status = await self.status(handle)
-            if check(status):
-                return status
-            if status.phase.is_terminal():
-                raise RuntimeError(f"{handle.id} ended {status.phase.value}: {status.error}")
-            await asyncio.sleep(0.05)
 
 
 @contextlib.asynccontextmanager
-async def shepherd_stack() -> AsyncIterator[Stack]:
-    """Start everything; stop everything this started, also on errors and cancellation."""
-    async with contextlib.AsyncExitStack() as stack:
-        log("starting the Temporal dev server")
-        env = await WorkflowEnvironment.start_local(
-            dev_server_existing_path=binaries.temporal(),
-            data_converter=pydantic_data_converter,
-            search_attributes=list(sa.ALL),
-            dev_server_log_level="error",
-            ui=False,
-        )
-        await stack.enter_async_context(env)
-        log(f"starting localplane with {json.dumps(PLANE_CONFIG)}")
-        plane = PlaneProcess(config=PLANE_CONFIG)
-        stack.callback(plane.cleanup)  # registered first: a failed start is cleaned up too
-        await asyncio.to_thread(plane.start)
-        admin = await stack.enter_async_context(PlaneAdmin(plane.url, plane.admin_key))
-        account_id, api_key = await admin.create_account()
-        client = await stack.enter_async_context(
-            PlatformClient(plane.url, api_key, account_id=account_id)
-        )
+async def recovery_stack() -> AsyncIterator[Stack]:
+    """The shared stack, with its account's events followed from the first one on."""
+    async with shepherd_stack(PLANE_CONFIG) as shared:
         events = EventLog()
-        follower = asyncio.create_task(events.follow(client))
-
-        async def stop_follower() -> None:
+        follower = asyncio.create_task(events.follow(shared.platform))
+        try:
+            # The same stack, field by field, plus the log.
+            yield Stack(**vars(shared), events=events)
+        finally:
             follower.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await follower
 
-        stack.push_async_callback(stop_follower)
-        yield Stack(env.client, plane, admin, account_id, api_key, client, events)
 
-
-@contextlib.asynccontextmanager
-async def shepherd_worker(st: Stack, *, events: bool) -> AsyncIterator[Runner]:
-    """A worker like production's (one per configuration); ``events`` runs the bridge."""
-    task_queue = f"bench-recovery-{uuid.uuid4().hex[:8]}"
-    profile = BackendProfile(name="local", url=st.plane.url, api_key_env=KEY_ENV, events=events)
-    registry = BackendRegistry({"local": profile}, env={KEY_ENV: st.api_key})
-    runner = Runner(st, task_queue, events)
-    try:
-        async with Worker(
-            st.client,
-            task_queue=task_queue,
-            workflows=WORKFLOWS,
-            activities=activities_for(registry),
-        ):
-            # Without events the profile says so and the bridge has nothing to follow.
-            bridge = asyncio.create_task(EventBridge(st.client, registry).run())
-            try:
-                yield runner
-            finally:
-                for handle in runner.handles:  # an interrupted section leaves no workflow behind
-                    with contextlib.suppress(Exception):
-                        desc = await handle.describe()
-                        if desc.status is not None and desc.status.name == "RUNNING":
-                            await handle.terminate("benchmark stopped")
-                bridge.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await bridge
-    finally:
-        await registry.aclose()
+async def until(handle: WorkflowHandle[Any, Any], check: Callable[[JobStatus], bool]) -> JobStatus:
+    """Query the workflow's status until ``check(status)`` holds; callers bound it."""
+    while True:
+        status = await handle.query("status", result_type=JobStatus)
+        if check(status):
+            return status
+        if status.phase.is_terminal():
+            raise RuntimeError(f"{handle.id} ended {status.phase.value}: {status.error}")
+        await asyncio.sleep(0.05)
 
 
 @contextlib.asynccontextmanager
@@ -484,7 +358,7 @@ async def section_readiness(st: Stack, args: argparse.Namespace) -> dict[str, An
     async with plane_faults(st, {"bootDelaySeconds": args.boot_delay}) as faults:
         for label, events, poll in configs:
             runs = []
-            async with shepherd_worker(st, events=events) as runner:
+            async with shepherd_worker(st, "recovery", events=events) as runner:
                 for i in range(args.runs):
                     name = f"ready-{'ev' if events else 'poll'}-{poll}-{i}"
                     runs.append(await readiness_run(st, runner, name, poll, args))
@@ -529,7 +403,7 @@ async def section_readiness(st: Stack, args: argparse.Namespace) -> dict[str, An
 
 async def section_warmup(st: Stack, args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    async with shepherd_worker(st, events=True) as runner:
+    async with shepherd_worker(st, "recovery", events=True) as runner:
         for label, lag in ROUTE_LAGS.items():
             runs = []
             async with plane_faults(st, {"routeLagSeconds": lag, "bootDelaySeconds": 0}):
@@ -573,7 +447,7 @@ async def preemption_run(
     spec = job_spec(name, steps=PREEMPT_TOTAL, every=PREEMPT_EVERY, step_ms=PREEMPT_STEP_MS)
     handle = await runner.start(spec)
     async with asyncio.timeout(RUN_TIMEOUT_S):
-        mid = await runner.until(
+        mid = await until(
             handle, lambda s: s.step >= PREEMPT_AFTER_STEP and s.phase is Phase.TRAINING
         )
         job_id = mid.trainer_job_id or ""
@@ -637,7 +511,7 @@ async def section_preemption(st: Stack, args: argparse.Namespace) -> dict[str, A
     runs = []
     async with (
         plane_faults(st, {"bootDelaySeconds": args.boot_delay}) as faults,
-        shepherd_worker(st, events=True) as runner,
+        shepherd_worker(st, "recovery", events=True) as runner,
     ):
         for i in range(args.runs):
             # Spread the preemption over the chunk: early, middle and late in it.
@@ -706,7 +580,7 @@ async def section_requests(st: Stack, args: argparse.Namespace) -> dict[str, Any
     async with plane_faults(st, {"bootDelaySeconds": 0}):
         for label, events in (("events", True), ("polling only", False)):
             runs = []
-            async with shepherd_worker(st, events=events) as runner:
+            async with shepherd_worker(st, "recovery", events=events) as runner:
                 for i in range(args.runs):
                     name = f"plain-{'ev' if events else 'poll'}-{i}"
                     before = (await st.admin.stats())["controlPlaneRequests"]
@@ -832,8 +706,8 @@ SECTIONS: dict[
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
     sections: dict[str, Any] = {}
-    async with shepherd_stack() as st:
-        async with shepherd_worker(st, events=True) as runner:
+    async with recovery_stack() as st:
+        async with shepherd_worker(st, "recovery", events=True) as runner:
             # Not measured: pays the first workflow's sandbox imports and the plane's first trainer.
             log("warm-up job (not measured)")
             handle = await runner.start(job_spec("warmup", steps=2, every=2))
@@ -885,16 +759,6 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def positive(kind: type[int] | type[float]) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        value = kind(text)
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-        return value
-
-    return parse
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=positive(int), default=5, help="runs per configuration")
@@ -918,26 +782,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-async def main_async(args: argparse.Namespace) -> dict[str, Any]:
-    # SIGTERM unwinds like Ctrl-C, so the stack is stopped either way.
-    task = asyncio.current_task()
-    assert task is not None
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
-    return await bench(args)
-
-
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    out = reserve_stdout()
-    # Worker, activity and SDK logs go to stderr (stdout is the JSON document), warnings only.
-    configure_logging(json=True, level="WARNING")
-    try:
-        report = asyncio.run(main_async(args))
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        log("interrupted: everything this run started has been stopped; no report")
-        sys.exit(130)
-    report["plot"] = plot(args.out, report)
-    print(json.dumps(report, indent=2, default=str), file=out, flush=True)
+    report = run_main(lambda: bench(args), lambda report: plot(args.out, report))
     if any("error" in v for v in report["sections"].values()):
         sys.exit(1)
 

@@ -1,0 +1,278 @@
+"""Helpers shared by the benchmarks in bench/ (plane.py, overhead.py, recovery.py).
+
+The scripts run as ``python bench/<name>.py``: this directory is then ``sys.path[0]`` and
+they import this file as the top-level module ``common`` (bench/ is not a package).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import signal
+import sys
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TextIO, TypeVar
+
+import numpy as np
+from temporalio.client import Client, WorkflowHandle
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from localplane.admin import PlaneAdmin
+from localplane.process import PlaneProcess
+from shepherd import binaries
+from shepherd import search_attributes as sa
+from shepherd.logging import configure_logging
+from shepherd.models import JobInput, JobStatus
+from shepherd.platform import PlatformClient, RouteNotFound, TrainerClient
+from shepherd.spec import JobSpec
+from shepherd.states import JobState
+from workers.config import BackendProfile, BackendRegistry
+from workers.events import EventBridge
+from workers.main import WORKFLOWS, activities_for
+from workflows.job import TrainingJobWorkflow
+
+T = TypeVar("T")
+
+#: The worker's key lives in an env mapping handed to the registry, never in os.environ.
+KEY_ENV = "SHEPHERD_BENCH_PLANE_KEY"
+
+
+# -------------------------------------------------------------------------- output
+
+
+def log(message: str) -> None:
+    """Progress goes to stderr: stdout is for the JSON document alone."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def reserve_stdout() -> TextIO:
+    """The real stdout, kept for the JSON document; from now on anything else written to
+    file descriptor 1 (the Temporal dev server prints its banner there) goes to stderr."""
+    sys.stdout.flush()
+    report = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    return report
+
+
+def machine(*, implementation: bool = False, load_average: bool = True) -> dict[str, Any]:
+    """The machine the figures were taken on; the flags add the Python implementation and the
+    load average (each script keeps the fields it has always reported)."""
+    info: dict[str, Any] = {
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "python": platform.python_version(),
+    }
+    if implementation:
+        info["implementation"] = platform.python_implementation()
+    info["platform"] = platform.platform()
+    info["processor"] = platform.machine()
+    if load_average:
+        # Other processes compete for the same CPUs: a high load average taints the timings.
+        info["load_average_1_5_15"] = [round(x, 2) for x in os.getloadavg()]
+    return info
+
+
+def r3(x: float) -> float:
+    return round(float(x), 3)
+
+
+def summary(
+    samples: Sequence[float], percentiles: Sequence[int] = (50,), *, raw: bool = True
+) -> dict[str, Any]:
+    """``n``, the ``percentiles`` (as ``p50``, ...), mean, min and max, rounded to 3 places;
+    with ``raw`` the samples too (worth it for a few runs, not for thousands of requests).
+    Without samples every statistic is None."""
+    stats: dict[str, Any] = {"n": len(samples)}
+    names = [f"p{p}" for p in percentiles]
+    if not samples:
+        stats.update(dict.fromkeys([*names, "mean", "min", "max"]))
+    else:
+        a = np.asarray(samples, dtype=float)
+        stats.update(zip(names, (r3(p) for p in np.percentile(a, percentiles)), strict=True))
+        stats.update(mean=r3(a.mean()), min=r3(a.min()), max=r3(a.max()))
+    if raw:
+        stats["values"] = [r3(v) for v in samples]
+    return stats
+
+
+# ---------------------------------------------------------------------- arguments
+
+
+def positive(kind: type[int] | type[float]) -> Callable[[str], float]:
+    """An argparse type: a number of ``kind`` above zero."""
+
+    def parse(text: str) -> float:
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+
+    return parse
+
+
+# ------------------------------------------------------------------------ the job
+
+
+async def wait_running(
+    client: PlatformClient, job_id: str, *, last_event_id: int | None = None
+) -> None:
+    """Wait on the job's event stream until it is RUNNING (callers bound it with a timeout).
+
+    With ``last_event_id`` the stream replays from there (``0``: from the start, so nothing
+    is missed); without it only new events come, so the current state is checked first."""
+    waiting = {JobState.PENDING, JobState.CREATING, JobState.UNSPECIFIED}
+    if last_event_id is None and (await client.get_job(job_id)).state is JobState.RUNNING:
+        return
+    async for event in client.watch_jobs(job_id=job_id, last_event_id=last_event_id):
+        if event.state is JobState.RUNNING:
+            return
+        if event.state not in waiting:
+            raise RuntimeError(f"job {job_id} went {event.state.value}: {event.job.status.message}")
+
+
+async def warm(trainer: TrainerClient, probes: int = 3) -> int:
+    """Consecutive successful ``get_info`` calls: the gateway knows the route
+    (trainer-api.md §5). Returns the 404s seen on the way."""
+    ok = seen = 0
+    while ok < probes:
+        try:
+            await trainer.get_info()
+            ok += 1
+        except RouteNotFound:
+            ok, seen = 0, seen + 1
+            await asyncio.sleep(0.02)
+    return seen
+
+
+# ------------------------------------------------------------------------ the stack
+
+
+@dataclass
+class Stack:
+    """Temporal and the plane, as one fresh account."""
+
+    client: Client
+    plane: PlaneProcess
+    admin: PlaneAdmin
+    account_id: str
+    api_key: str
+    platform: PlatformClient
+
+    def job_name(self, job_id: str) -> str:
+        return f"accounts/{self.account_id}/rlorTrainerJobs/{job_id}"
+
+
+@contextlib.asynccontextmanager
+async def shepherd_stack(plane_config: dict[str, Any]) -> AsyncIterator[Stack]:
+    """Start everything; stop everything this started, also on errors and cancellation."""
+    async with contextlib.AsyncExitStack() as stack:
+        log("starting the Temporal dev server")
+        env = await WorkflowEnvironment.start_local(
+            dev_server_existing_path=binaries.temporal(),
+            data_converter=pydantic_data_converter,
+            search_attributes=list(sa.ALL),
+            dev_server_log_level="error",
+            ui=False,
+        )
+        await stack.enter_async_context(env)
+        log(f"starting localplane with {json.dumps(plane_config)}")
+        plane = PlaneProcess(config=plane_config)
+        stack.callback(plane.cleanup)  # registered first: a failed start is cleaned up too
+        await asyncio.to_thread(plane.start)
+        admin = await stack.enter_async_context(PlaneAdmin(plane.url, plane.admin_key))
+        account_id, api_key = await admin.create_account()
+        client = await stack.enter_async_context(
+            PlatformClient(plane.url, api_key, account_id=account_id)
+        )
+        yield Stack(env.client, plane, admin, account_id, api_key, client)
+
+
+@dataclass
+class Runner:
+    """Starts jobs on one worker's task queue and remembers them, for the clean-up."""
+
+    stack: Stack
+    task_queue: str
+    handles: list[WorkflowHandle[Any, Any]] = field(default_factory=list)
+
+    async def start(self, spec: JobSpec) -> WorkflowHandle[Any, JobStatus]:
+        handle = await self.stack.client.start_workflow(
+            TrainingJobWorkflow.run,
+            JobInput(spec=spec),
+            id=f"bench-{spec.name}-{uuid.uuid4().hex[:8]}",
+            task_queue=self.task_queue,
+        )
+        self.handles.append(handle)
+        return handle
+
+
+@contextlib.asynccontextmanager
+async def shepherd_worker(st: Stack, bench: str, *, events: bool) -> AsyncIterator[Runner]:
+    """A worker like production's on its own task queue (``bench-<bench>-...``), with the event
+    bridge; ``events`` is the backend profile's switch (off: the workflow polls)."""
+    task_queue = f"bench-{bench}-{uuid.uuid4().hex[:8]}"
+    profile = BackendProfile(name="local", url=st.plane.url, api_key_env=KEY_ENV, events=events)
+    registry = BackendRegistry({"local": profile}, env={KEY_ENV: st.api_key})
+    runner = Runner(st, task_queue)
+    try:
+        async with Worker(
+            st.client,
+            task_queue=task_queue,
+            workflows=WORKFLOWS,
+            activities=activities_for(registry),
+        ):
+            # Without events the profile says so and the bridge has nothing to follow.
+            bridge = asyncio.create_task(EventBridge(st.client, registry).run())
+            try:
+                yield runner
+            finally:
+                # Before the worker stops: an interrupted run leaves no workflow behind.
+                for handle in runner.handles:
+                    with contextlib.suppress(Exception):
+                        desc = await handle.describe()
+                        if desc.status is not None and desc.status.name == "RUNNING":
+                            await handle.terminate("benchmark stopped")
+                bridge.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await bridge
+    finally:
+        await registry.aclose()
+
+
+# -------------------------------------------------------------------------- main
+
+
+async def cancel_on_sigterm(run: Callable[[], Awaitable[T]]) -> T:
+    # SIGTERM unwinds like Ctrl-C, so the stack is stopped either way.
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    return await run()
+
+
+def run_main(
+    bench: Callable[[], Awaitable[dict[str, Any]]],
+    plot: Callable[[dict[str, Any]], dict[str, Any]],
+) -> dict[str, Any]:
+    """Run ``bench``, set the report's ``plot`` to what ``plot(report)`` returns, print the
+    report as the one JSON document on stdout and return it. Interrupted (Ctrl-C, SIGTERM):
+    no report, exit status 130."""
+    out = reserve_stdout()
+    # Worker, activity and SDK logs go to stderr (stdout is the JSON document), warnings only.
+    configure_logging(json=True, level="WARNING")
+    try:
+        report = asyncio.run(cancel_on_sigterm(bench))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        log("interrupted: everything this run started has been stopped; no report")
+        sys.exit(130)
+    report["plot"] = plot(report)
+    print(json.dumps(report, indent=2, default=str), file=out, flush=True)
+    return report
