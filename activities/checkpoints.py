@@ -3,10 +3,11 @@ load after a (re)start, and prune to the last K."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
+from typing import TypeVar
 
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
 
 from activities.base import (
     ClientProvider,
@@ -26,30 +27,48 @@ from shepherd.models import (
     PruneCheckpointsResult,
     SaveCheckpointInput,
 )
-from shepherd.platform import NotFound, PlatformClient, PlatformError, RouteNotFound, rules
+from shepherd.platform import (
+    NotFound,
+    PlatformClient,
+    PlatformError,
+    RouteNotFound,
+    TrainerClient,
+    rules,
+)
 
 #: A route 404 on these one-shot calls is verified like a training call's, with the
 #: default budget (these calls are not configurable per job).
 _RACES, _WINDOW = 4, timedelta(seconds=30)
 
 
+T = TypeVar("T")
+
 #: Heartbeat this often while a (possibly minutes-long) save/evaluate/load is in flight, so a
 #: dead worker is noticed within the heartbeat timeout, not the start-to-close timeout.
 KEEPALIVE_S = 2.0
 
 
-def _progress() -> dict[str, int]:
-    return {"route_races": int(previous_details().get("route_races", 0))}
-
-
-async def _route_lost(
-    client: PlatformClient, trainer_job_id: str, progress: dict[str, int]
-) -> ApplicationError:
-    progress["route_races"] += 1
-    activity.heartbeat(dict(progress))
-    return await verified_404(
-        client, trainer_job_id, races=progress["route_races"], retries=_RACES, window=_WINDOW
-    )
+async def _one_call(
+    client: PlatformClient,
+    trainer_job_id: str,
+    what: str,
+    call: Callable[[TrainerClient], Awaitable[T]],
+) -> T:
+    """One data-plane call, heartbeating while in flight; a 404 is verified (§5), other
+    platform errors are translated for the retry policy."""
+    progress = {"route_races": int(previous_details().get("route_races", 0))}
+    trainer = await client.trainer(trainer_job_id)
+    try:
+        async with keepalive(progress, KEEPALIVE_S):
+            return await call(trainer)
+    except RouteNotFound:
+        progress["route_races"] += 1
+        activity.heartbeat(dict(progress))
+        raise await verified_404(
+            client, trainer_job_id, races=progress["route_races"], retries=_RACES, window=_WINDOW
+        ) from None
+    except PlatformError as exc:
+        raise translate(exc, what) from None
 
 
 class CheckpointActivities:
@@ -58,16 +77,12 @@ class CheckpointActivities:
 
     @activity.defn(name="save_checkpoint")
     async def save_checkpoint(self, inp: SaveCheckpointInput) -> CheckpointRecord:
-        client = self.clients.client(inp.backend)
-        trainer = await client.trainer(inp.trainer_job_id)
-        progress = _progress()
-        try:
-            async with keepalive(progress, KEEPALIVE_S):
-                saved = await trainer.save_weights(inp.name)
-        except RouteNotFound:
-            raise await _route_lost(client, inp.trainer_job_id, progress) from None
-        except PlatformError as exc:
-            raise translate(exc, f"saving checkpoint {inp.name}") from None
+        saved = await _one_call(
+            self.clients.client(inp.backend),
+            inp.trainer_job_id,
+            f"saving checkpoint {inp.name}",
+            lambda trainer: trainer.save_weights(inp.name),
+        )
         log(trainer_job_id=inp.trainer_job_id).info(
             "checkpoint.saved", name=saved.name, step=saved.step
         )
@@ -75,16 +90,12 @@ class CheckpointActivities:
 
     @activity.defn(name="evaluate")
     async def evaluate(self, inp: EvaluateInput) -> EvaluateResult:
-        client = self.clients.client(inp.backend)
-        trainer = await client.trainer(inp.trainer_job_id)
-        progress = _progress()
-        try:
-            async with keepalive(progress, KEEPALIVE_S):
-                result = await trainer.evaluate()
-        except RouteNotFound:
-            raise await _route_lost(client, inp.trainer_job_id, progress) from None
-        except PlatformError as exc:
-            raise translate(exc, "evaluating") from None
+        result = await _one_call(
+            self.clients.client(inp.backend),
+            inp.trainer_job_id,
+            "evaluating",
+            lambda trainer: trainer.evaluate(),
+        )
         metrics = {"eval_loss": float(result.eval_loss)}
         for key, value in (result.model_extra or {}).items():
             if isinstance(value, int | float) and not isinstance(value, bool):
@@ -94,16 +105,12 @@ class CheckpointActivities:
 
     @activity.defn(name="load_checkpoint")
     async def load_checkpoint(self, inp: LoadCheckpointInput) -> LoadCheckpointResult:
-        client = self.clients.client(inp.backend)
-        trainer = await client.trainer(inp.trainer_job_id)
-        progress = _progress()
-        try:
-            async with keepalive(progress, KEEPALIVE_S):
-                loaded = await trainer.load_weights(inp.checkpoint)
-        except RouteNotFound:
-            raise await _route_lost(client, inp.trainer_job_id, progress) from None
-        except PlatformError as exc:
-            raise translate(exc, f"loading checkpoint {inp.checkpoint}") from None
+        loaded = await _one_call(
+            self.clients.client(inp.backend),
+            inp.trainer_job_id,
+            f"loading checkpoint {inp.checkpoint}",
+            lambda trainer: trainer.load_weights(inp.checkpoint),
+        )
         log(trainer_job_id=inp.trainer_job_id).info(
             "checkpoint.loaded", name=inp.checkpoint, step=loaded.step
         )

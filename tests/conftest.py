@@ -6,12 +6,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from localplane.admin import PlaneAdmin
 from localplane.process import PlaneProcess
 from shepherd.platform import PlatformClient
-from tests.helpers import Account, trainer_pids
+from tests.helpers import Account, delete_all_jobs, trainer_pids
 
 #: The session plane's operating config: a real route race, but short enough for tests.
 BASELINE = {
@@ -54,9 +55,18 @@ async def faults(admin: PlaneAdmin) -> AsyncIterator[PlaneAdmin]:
 
 @pytest.fixture
 async def account(plane: PlaneProcess, admin: PlaneAdmin) -> AsyncIterator[Account]:
+    """A fresh account; whatever jobs a test leaves in it are deleted afterwards."""
     account_id, key = await admin.create_account()
     async with PlatformClient(plane.url, key) as client:
         yield Account(account_id, key, client)
+        await delete_all_jobs(client)
+
+
+@pytest.fixture
+async def http(plane: PlaneProcess) -> AsyncIterator[httpx.AsyncClient]:
+    """Raw HTTP to the plane, for requests the typed client cannot express."""
+    async with httpx.AsyncClient(base_url=plane.url, timeout=30.0) as client:
+        yield client
 
 
 @pytest.fixture

@@ -86,6 +86,17 @@ async def train_steps(
     return losses
 
 
+async def delete_all_jobs(client: PlatformClient) -> None:
+    """Delete every job of the client's account and wait for the tombstones, so no trainer
+    outlives a test and the next one's counts start from a quiet plane."""
+    jobs = [job async for job in client.iter_jobs()]
+    for job in jobs:
+        if not job.state.is_gone():
+            await client.delete_job(job.job_id)
+    for job in jobs:
+        await wait_state(client, job.job_id, JobState.DELETED)
+
+
 def trainer_pids(data_dir: Path) -> list[int]:
     """Live trainer processes started by the plane with this data directory."""
     pids = []

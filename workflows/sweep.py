@@ -261,12 +261,15 @@ class SweepWorkflow:
         trial.reports[progress.step] = progress.metric
         trial.step = max(trial.step, progress.step)
         rule = self.sweep.early_stopping
-        if rule is None or trial.state != "running":
+        if rule is None:
             return
-        others = [
-            t.reports[progress.step]
-            for t in self.s.trials
-            if t.index != index and progress.step in t.reports
-        ]
-        if should_stop(rule, progress.metric, progress.step, others, minimize=self.sweep.minimize):
-            self._to_stop.add(index)
+        # New information at this step may condemn any running trial that reported here —
+        # also one that reported earlier than the others (trials run at different speeds).
+        step = progress.step
+        at_step = [t for t in self.s.trials if step in t.reports]
+        for t in at_step:
+            if t.state != "running" or t.index in self._to_stop:
+                continue
+            others = [o.reports[step] for o in at_step if o.index != t.index]
+            if should_stop(rule, t.reports[step], step, others, minimize=self.sweep.minimize):
+                self._to_stop.add(t.index)

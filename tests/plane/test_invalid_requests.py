@@ -236,25 +236,6 @@ BUSY_CASES += [
 # --------------------------------------------------------------------------- fixtures
 
 
-@pytest.fixture
-async def http(plane: PlaneProcess) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=plane.url, timeout=30.0) as client:
-        yield client
-
-
-@pytest.fixture(autouse=True)
-async def _leave_no_jobs(account: Account) -> AsyncIterator[None]:
-    """Delete whatever a test created in its account, so no trainer outlives the test and
-    the next test's before/after counts start from a quiet plane."""
-    yield
-    jobs = [job async for job in account.client.iter_jobs()]
-    for job in jobs:
-        if not job.state.is_gone():
-            await account.client.delete_job(job.job_id)
-    for job in jobs:
-        await wait_state(account.client, job.job_id, JobState.DELETED)
-
-
 @dataclass
 class Busy:
     """An account with a RUNNING job that has a checkpoint and a model promoted from it."""

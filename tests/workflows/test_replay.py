@@ -12,7 +12,7 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from workflows.job import TrainingJobWorkflow
+from workers.main import WORKFLOWS
 
 HISTORIES = sorted((Path(__file__).parent.parent / "histories").glob("*.json"))
 
@@ -29,5 +29,5 @@ async def test_history_replays_against_current_code(path: Path) -> None:
     # The workflow id matters: trainer job ids are derived from it.
     started = json.loads(text)["events"][0]["workflowExecutionStartedEventAttributes"]
     history = WorkflowHistory.from_json(started["workflowId"], text)
-    replayer = Replayer(workflows=[TrainingJobWorkflow], data_converter=pydantic_data_converter)
+    replayer = Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter)
     await replayer.replay_workflow(history)
