@@ -17,6 +17,7 @@ import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
 import numpy as np
@@ -78,6 +79,33 @@ def machine(*, implementation: bool = False, load_average: bool = True) -> dict[
         # Other processes compete for the same CPUs: a high load average taints the timings.
         info["load_average_1_5_15"] = [round(x, 2) for x in os.getloadavg()]
     return info
+
+
+def pyplot() -> Any | None:
+    """matplotlib's pyplot for headless drawing, or None: plots are an optional extra."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def no_plot() -> dict[str, Any]:
+    note = "matplotlib is not installed: no plot written"
+    log(note)
+    return {"written": False, "path": None, "note": note}
+
+
+def save_plot(plt: Any, fig: Any, out: Path) -> dict[str, Any]:
+    """Write ``fig`` to ``out`` and say so in the report's terms."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    log(f"plot written to {out}")
+    return {"written": True, "path": str(out), "note": None}
 
 
 def r3(x: float) -> float:

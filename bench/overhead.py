@@ -57,9 +57,12 @@ from common import (
     Stack,
     log,
     machine,
+    no_plot,
     positive,
+    pyplot,
     r3,
     run_main,
+    save_plot,
     shepherd_stack,
     shepherd_worker,
     wait_running,
@@ -292,15 +295,9 @@ def median(values: list[float]) -> float:
 def plot(out: Path, chosen: dict[str, Any]) -> dict[str, Any]:
     """Left: the two wall times as bars stacked by phase. Right: every phase but training,
     side by side, where Shepherd's extra time shows."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        note = "matplotlib is not installed: no plot written"
-        log(note)
-        return {"written": False, "path": None, "note": note}
+    plt = pyplot()
+    if plt is None:
+        return no_plot()
 
     phases = chosen["by_phase"]
     labels = list(phases)
@@ -349,11 +346,7 @@ def plot(out: Path, chosen: dict[str, Any]) -> dict[str, Any]:
     right.legend()
     right.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    log(f"plot written to {out}")
-    return {"written": True, "path": str(out), "note": None}
+    return save_plot(plt, fig, out)
 
 
 # ------------------------------------------------------------------------------- run

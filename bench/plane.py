@@ -51,7 +51,7 @@ from shepherd.platform.models import (
 
 # isort: split
 # bench/ is sys.path[0] when a script runs as `python bench/<name>.py`: not a package import.
-from common import log, machine, positive, summary, wait_running, warm
+from common import log, machine, no_plot, positive, pyplot, save_plot, summary, wait_running, warm
 
 #: Every fault off, so only the plane's own cost is measured.
 PLANE_CONFIG = {
@@ -256,15 +256,9 @@ def plot(
     out: Path, get_samples: list[float], step_samples: dict[str, list[float]]
 ) -> dict[str, Any]:
     """Latency CDFs: control-plane GET, and a step direct vs through the gateway."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        note = "matplotlib is not installed: no plot written"
-        log(note)
-        return {"written": False, "path": None, "note": note}
+    plt = pyplot()
+    if plt is None:
+        return no_plot()
 
     def cdf(ax: Any, samples: list[float], label: str) -> None:
         xs = np.sort(samples)
@@ -281,11 +275,7 @@ def plot(
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    log(f"plot written to {out}")
-    return {"written": True, "path": str(out), "note": None}
+    return save_plot(plt, fig, out)
 
 
 # ------------------------------------------------------------------------------------ run

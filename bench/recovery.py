@@ -61,9 +61,12 @@ from common import (
     Runner,
     log,
     machine,
+    no_plot,
     positive,
+    pyplot,
     r3,
     run_main,
+    save_plot,
     shepherd_stack,
     shepherd_worker,
     summary,
@@ -636,15 +639,9 @@ async def section_requests(st: Stack, args: argparse.Namespace) -> dict[str, Any
 
 def plot(out: Path, report: dict[str, Any]) -> dict[str, Any]:
     """One panel per figure: values per configuration as points over a box."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        note = "matplotlib is not installed: no plot written"
-        log(note)
-        return {"written": False, "path": None, "note": note}
+    plt = pyplot()
+    if plt is None:
+        return no_plot()
 
     panels: list[tuple[str, str, dict[str, list[float]], float | None]] = []
     s = report["sections"]
@@ -685,11 +682,7 @@ def plot(out: Path, report: dict[str, Any]) -> dict[str, Any]:
         ax.set(title=title, ylabel=unit)
         ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    log(f"plot written to {out}")
-    return {"written": True, "path": str(out), "note": None}
+    return save_plot(plt, fig, out)
 
 
 # ------------------------------------------------------------------------------- run
