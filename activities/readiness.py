@@ -11,7 +11,6 @@ from activities.base import ClientProvider, lost, not_ready, snapshot, translate
 from shepherd.models import PlatformJob, TrainerRef, WarmUpInput, WarmUpResult
 from shepherd.platform import PlatformError, RouteNotFound
 from shepherd.states import JobState
-from workflows import policies
 
 _PLACED = {JobState.CREATING, JobState.RUNNING}
 
@@ -88,10 +87,3 @@ class ReadinessActivities:
                     f"warm-up probe failed: {exc}", type=type(exc).__name__, non_retryable=True
                 ) from None
         return WarmUpResult(step=step, probes=inp.probes)
-
-    @activity.defn(name="get_platform_job")
-    async def get_platform_job(self, ref: TrainerRef) -> PlatformJob:
-        return await self._look(ref)
-
-
-__all__ = ["ReadinessActivities", "policies"]

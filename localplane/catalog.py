@@ -169,7 +169,3 @@ def latest_validated(account: str, shape: str) -> ShapeVersion | None:
 
 def get(account: str, shape: str, version: str) -> ShapeVersion | None:
     return next((v for v in versions(account, shape) if v.version == version), None)
-
-
-def all_shapes() -> list[str]:
-    return sorted({v.shape_name for v in _VERSIONS})

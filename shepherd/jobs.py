@@ -38,6 +38,18 @@ def static_summary(spec: JobSpec) -> str:
     )[:400]
 
 
+def job_search_attributes(spec: JobSpec, *extra: SearchAttributePair[Any]) -> TypedSearchAttributes:
+    """What a job is found by from its first moment: phase PENDING, name, labels (+ extra)."""
+    return TypedSearchAttributes(
+        [
+            SearchAttributePair(sa.PHASE, Phase.PENDING.value),
+            SearchAttributePair(sa.JOB_NAME, spec.name),
+            SearchAttributePair(sa.LABELS, spec.label_keywords()),
+            *extra,
+        ]
+    )
+
+
 async def start_job(
     client: Client,
     spec: JobSpec | dict[str, Any],
@@ -45,7 +57,6 @@ async def start_job(
     task_queue: str,
     workflow_id: str | None = None,
     parent_workflow_id: str | None = None,
-    extra_search_attributes: list[SearchAttributePair[Any]] | None = None,
 ) -> WorkflowHandle[Any, JobStatus]:
     """Validate ``spec`` (raising :class:`shepherd.spec.SpecError` before anything exists)
     and start its lifecycle workflow. Schedule templates in a directly submitted spec are
@@ -53,21 +64,14 @@ async def start_job(
     spec = validate_spec(spec)
     if has_templates(spec):
         spec = resolve_templates(spec, datetime.now(UTC))
-    pairs: list[SearchAttributePair[Any]] = [
-        SearchAttributePair(sa.PHASE, Phase.PENDING.value),
-        SearchAttributePair(sa.JOB_NAME, spec.name),
-        SearchAttributePair(sa.LABELS, spec.label_keywords()),
-        *(extra_search_attributes or []),
-    ]
-    if parent_workflow_id:
-        pairs.append(SearchAttributePair(sa.PARENT, parent_workflow_id))
+    parent = [SearchAttributePair(sa.PARENT, parent_workflow_id)] if parent_workflow_id else []
     return await client.start_workflow(
         WORKFLOW_TYPE,
         JobInput(spec=spec, parent_workflow_id=parent_workflow_id),
         id=workflow_id or job_workflow_id(spec.name),
         task_queue=task_queue,
         result_type=JobStatus,
-        search_attributes=TypedSearchAttributes(pairs),
+        search_attributes=job_search_attributes(spec, *parent),
         static_summary=static_summary(spec),
         static_details=f"spec:\n```\n{spec.model_dump_json(indent=2, exclude_defaults=True)}\n```",
     )

@@ -166,11 +166,6 @@ class ModelInfo(Model):
     checkpoint: str | None = None
 
 
-class TrainerInfoResult(Model):
-    step: int
-    weights_digest: str | None = None
-
-
 # ---------------------------------------------------------------------- signals / updates
 
 

@@ -27,13 +27,12 @@ from temporalio.client import (
     ScheduleSpec,
     ScheduleState,
 )
-from temporalio.common import SearchAttributePair, TypedSearchAttributes
+from temporalio.common import SearchAttributePair
 from temporalio.service import RPCError, RPCStatusCode
 
 from shepherd import search_attributes as sa
-from shepherd.jobs import WORKFLOW_TYPE, static_summary
+from shepherd.jobs import WORKFLOW_TYPE, job_search_attributes, static_summary
 from shepherd.models import JobInput
-from shepherd.phases import Phase
 from shepherd.spec import JobSpec, SpecError, SpecProblem, resolve_templates, validate_spec
 
 SCHEDULE_PREFIX = "sched-"
@@ -134,14 +133,7 @@ class Schedules:
                 [SpecProblem(field="overlap", rule="must be one of " + ", ".join(OVERLAP))]
             )
         template = prepare_template(spec, name)
-        attrs = TypedSearchAttributes(
-            [
-                SearchAttributePair(sa.PHASE, Phase.PENDING.value),
-                SearchAttributePair(sa.JOB_NAME, template.name),
-                SearchAttributePair(sa.LABELS, template.label_keywords()),
-                SearchAttributePair(sa.SCHEDULE, name),
-            ]
-        )
+        attrs = job_search_attributes(template, SearchAttributePair(sa.SCHEDULE, name))
         action = ScheduleActionStartWorkflow(
             WORKFLOW_TYPE,
             JobInput(spec=template, templated=True),

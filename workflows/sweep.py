@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributePair, TypedSearchAttributes
+from temporalio.common import RetryPolicy, SearchAttributePair
 from temporalio.exceptions import ChildWorkflowError, is_cancelled_exception
 from temporalio.workflow import ParentClosePolicy
 
@@ -21,7 +21,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.promotion import PromotionActivities
     from activities.sweeps import SweepActivities
     from shepherd import search_attributes as sa
-    from shepherd.jobs import static_summary
+    from shepherd.jobs import job_search_attributes, static_summary
     from shepherd.models import JobInput, JobStatus, ModelInfo, PromoteInput, TrialProgress
     from shepherd.phases import Phase
     from shepherd.sweep import (
@@ -144,14 +144,10 @@ class SweepWorkflow:
         trial = TrialState(index=index, params=params, workflow_id=workflow_id, state="pending")
         self.s.trials.append(trial)
         self._by_workflow[workflow_id] = index
-        attrs = TypedSearchAttributes(
-            [
-                SearchAttributePair(sa.PHASE, Phase.PENDING.value),
-                SearchAttributePair(sa.JOB_NAME, spec.name),
-                SearchAttributePair(sa.LABELS, spec.label_keywords()),
-                SearchAttributePair(sa.SWEEP, self.s.workflow_id),
-                SearchAttributePair(sa.PARENT, self.s.workflow_id),
-            ]
+        attrs = job_search_attributes(
+            spec,
+            SearchAttributePair(sa.SWEEP, self.s.workflow_id),
+            SearchAttributePair(sa.PARENT, self.s.workflow_id),
         )
         handle = await workflow.start_child_workflow(
             TrainingJobWorkflow.run,

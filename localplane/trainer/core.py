@@ -172,7 +172,7 @@ class TrainerCore:
             if not isinstance(ex, dict):
                 raise InvalidArgument(f"batch.examples[{i}]: must be an object")
             try:
-                text = datasets._record_text(ex, i)
+                text = datasets.record_text(ex, i)
             except datasets.DatasetError:
                 raise InvalidArgument(
                     f"batch.examples[{i}]: needs 'text', 'prompt'+'completion' or 'messages'"

@@ -210,7 +210,7 @@ _BUILDERS = {
 # --------------------------------------------------------------------------------- files
 
 
-def _record_text(record: dict[str, Any], line_no: int) -> str:
+def record_text(record: dict[str, Any], line_no: int) -> str:
     if isinstance(record.get("text"), str):
         return record["text"]
     if isinstance(record.get("prompt"), str) and isinstance(record.get("completion"), str):
@@ -254,7 +254,7 @@ def _load_jsonl(name: str, path: Path) -> Dataset:
                 xs.append([float(v) for v in x])
                 ys.append(y)
             else:
-                texts.append(_record_text(record, line_no))
+                texts.append(record_text(record, line_no))
     if xs and texts:
         raise DatasetError("a dataset file mixes vector ('x'/'y') and text records")
     if xs:
