@@ -45,8 +45,8 @@ class _Hook:
     account_id: str | None
     url: str
     secret: str
-    queue: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
-    task: asyncio.Task[None] | None = None
+    queue: asyncio.Queue[dict[str, Any] | None] = field(default_factory=asyncio.Queue)
+    removed: bool = False
 
 
 class EventBus:
@@ -54,6 +54,8 @@ class EventBus:
         self.storage = storage
         self._subscribers: set[Subscriber] = set()
         self._hooks: dict[str, _Hook] = {}
+        #: Every delivery task, also of a removed hook finishing its attempt in flight.
+        self._tasks: set[asyncio.Task[None]] = set()
         self._http: httpx.AsyncClient | None = None
 
     async def start(self) -> None:
@@ -62,12 +64,9 @@ class EventBus:
             self._start_hook(row["id"], row["account_id"], row["url"], row["secret"])
 
     async def stop(self) -> None:
-        for hook in self._hooks.values():
-            if hook.task:
-                hook.task.cancel()
-        await asyncio.gather(
-            *(h.task for h in self._hooks.values() if h.task), return_exceptions=True
-        )
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._http:
             await self._http.aclose()
 
@@ -117,24 +116,33 @@ class EventBus:
 
     def remove_webhook(self, hook_id: str) -> bool:
         hook = self._hooks.pop(hook_id, None)
-        if hook and hook.task:
-            hook.task.cancel()
+        if hook is not None:
+            # No new events and no more retries, but an attempt in flight finishes (and is
+            # counted): cancelling it could drop the answer of a delivery that arrived.
+            hook.removed = True
+            hook.queue.put_nowait(None)
         return self.storage.delete_webhook(hook_id)
 
     def _start_hook(self, hook_id: str, account_id: str | None, url: str, secret: str) -> None:
         hook = _Hook(hook_id, account_id, url, secret)
-        hook.task = asyncio.get_running_loop().create_task(self._deliver_loop(hook))
+        task = asyncio.get_running_loop().create_task(self._deliver_loop(hook))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
         self._hooks[hook_id] = hook
 
     async def _deliver_loop(self, hook: _Hook) -> None:
         while True:
             event = await hook.queue.get()
+            if event is None or hook.removed:
+                return
             await self._deliver(hook, event)
 
     async def _deliver(self, hook: _Hook, event: dict[str, Any]) -> None:
         assert self._http is not None
         body = json.dumps(event).encode()
         for attempt in range(1, WEBHOOK_ATTEMPTS + 1):
+            if hook.removed and attempt > 1:
+                return
             headers = {
                 "Content-Type": "application/json",
                 webhooks.EVENT_ID_HEADER: str(event["id"]),
