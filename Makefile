@@ -57,6 +57,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/plane.py | tee bench/out/plane.json
 	$(BIN)/python bench/overhead.py | tee bench/out/overhead.json
 	$(BIN)/python bench/recovery.py | tee bench/out/recovery.json
+	$(BIN)/python bench/sdk_compare.py | tee bench/out/sdk_compare.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .shepherd

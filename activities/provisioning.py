@@ -53,14 +53,13 @@ class ProvisioningActivities:
         client = self.clients.client(inp.backend)
         t = inp.trainer
         extra = list(t.extra_args)
-        # localplane reads its stand-in trainer's seed and batch size from extraArgs.
+        # localplane's stand-in trainer reads its seed from extraArgs.
         if not any(a.startswith("--seed=") for a in extra):
             extra.append(f"--seed={inp.seed}")
-        if not any(a.startswith("--batch-size=") for a in extra):
-            extra.append(f"--batch-size={inp.batch_size}")
         request = CreateTrainerJobRequest(
             display_name=inp.display_name,
-            dataset=inp.dataset,
+            # Service-mode trainers read no dataset: the loop sends tokens (Tinker API).
+            dataset="",
             training_config=TrainingConfig(
                 base_model=t.base_model,
                 lora_rank=t.lora_rank,

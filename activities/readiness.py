@@ -1,8 +1,11 @@
 """Readiness: wait for placement, for RUNNING, for a resumable state (polling by retries:
 each activity looks once and raises a benign ``NotReady`` while the platform is not there),
-and warm the gateway route up with consecutive ``get_info`` probes."""
+and warm the gateway route up with consecutive ``healthz`` probes over the training route."""
 
 from __future__ import annotations
+
+import asyncio
+import time
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -11,6 +14,7 @@ from activities.base import ClientProvider, lost, not_ready, snapshot, translate
 from shepherd.models import PlatformJob, TrainerRef, WarmUpInput, WarmUpResult
 from shepherd.platform import PlatformError, RouteNotFound
 from shepherd.states import JobState
+from workflows import policies
 
 _PLACED = {JobState.CREATING, JobState.RUNNING}
 
@@ -63,15 +67,18 @@ class ReadinessActivities:
 
     @activity.defn(name="warm_up")
     async def warm_up(self, inp: WarmUpInput) -> WarmUpResult:
-        """``probes`` consecutive successful get_info calls through the gateway. A 404 is
-        the route race while the control plane says RUNNING (retried by the policy with
-        bounded backoff); anything else surfaces at once."""
+        """``probes`` consecutive successful ``healthz`` calls through the gateway, on the
+        route training calls take (there is no model yet to ask ``get_info``). A 404 is the
+        route race while the control plane says RUNNING (retried by the policy with bounded
+        backoff); anything else surfaces at once."""
         client = self.clients.client(inp.backend)
         trainer = await client.trainer(inp.trainer_job_id)
-        step = 0
-        for _ in range(inp.probes):
+        budget_end = time.monotonic() + policies.WARMUP_ATTEMPT_BUDGET.total_seconds()
+        consecutive = races = 0
+        while consecutive < inp.probes:
             try:
-                step = (await trainer.get_info()).step
+                await trainer.healthz()
+                consecutive += 1
             except RouteNotFound:
                 try:
                     job = snapshot(await client.get_job(inp.trainer_job_id))
@@ -79,11 +86,16 @@ class ReadinessActivities:
                     raise translate(exc, "checking the trainer during warm-up") from None
                 if job.state != JobState.RUNNING.value:
                     raise lost(job) from None
-                raise not_ready(
-                    f"route to {inp.trainer_job_id} not on every gateway replica yet"
-                ) from None
+                consecutive, races = 0, races + 1
+                if time.monotonic() >= budget_end:
+                    raise not_ready(
+                        f"route to {inp.trainer_job_id} not on every gateway replica yet "
+                        f"({races} route 404s in this attempt)"
+                    ) from None
+                activity.heartbeat({"route_races": races})
+                await asyncio.sleep(policies.WARMUP_PROBE_SPACING.total_seconds())
             except PlatformError as exc:
                 raise ApplicationError(
                     f"warm-up probe failed: {exc}", type=type(exc).__name__, non_retryable=True
                 ) from None
-        return WarmUpResult(step=step, probes=inp.probes)
+        return WarmUpResult(probes=inp.probes, route_races=races)

@@ -1,15 +1,19 @@
-"""Training: one activity per chunk of optimizer steps.
+"""Training on the trainer's Tinker API: open the model, train a chunk of steps with the
+job's loop, evaluate.
 
-The trainer's own step (``get_info``) is the truth about progress, so a retried chunk —
-after a worker crash, a transient error or a route race — resumes exactly at the step after
-the last one applied, and no step is applied twice. Progress is heartbeated after every step
-and during long steps.
+Exactly-once by ``seq_id``: every sequenced operation on the model carries the ``seq_id``
+Shepherd gives it, and the trainer dedupes on ``(model_id, seq_id)``. A chunk heartbeats
+``(step, next_seq)`` after every step; a retried attempt (worker crash, route race,
+transient error) starts from the last heartbeat and re-sends the same operations with the
+same ``seq_id``s — those already applied come back from the trainer's dedupe, unapplied.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from datetime import timedelta
+from typing import Any
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -22,18 +26,184 @@ from activities.base import (
     translate,
     verified_404,
 )
-from shepherd.loops import LoopContext, LoopLoadError, load_loop
-from shepherd.models import ChunkResult, TrainChunkInput
-from shepherd.platform import FailedPrecondition, PlatformError, RouteNotFound
+from shepherd import loops
+from shepherd.models import (
+    ChunkResult,
+    EvaluateInput,
+    EvaluateResult,
+    OpenModelInput,
+    OpenModelResult,
+    TrainChunkInput,
+    TrainerSession,
+)
+from shepherd.platform import (
+    FutureExpired,
+    FutureFailed,
+    NotFound,
+    PlatformClient,
+    PlatformError,
+    RouteNotFound,
+    TrainerClient,
+    rules,
+)
+from shepherd.tinker_client import TrainingClient
 from workflows import policies
 
 #: Heartbeat at least this often while a step is in flight (well under any heartbeat timeout).
 KEEPALIVE_S = 2.0
+#: A route 404 on the one-shot calls (open, evaluate) is verified like a training call's,
+#: with the default budget.
+_RACES, _WINDOW_S = 4, 30.0
+
+
+def load_path(checkpoint: str, trainer_job_id: str) -> str:
+    """What ``load_weights`` is given for a checkpoint resource name: the logical name for
+    the same job (resolved across its trainer generations), ``cross_job://<job>/<c>`` for
+    another job of the account (the Fireworks convention)."""
+    m = rules.CHECKPOINT_NAME_RE.match(checkpoint)
+    if not m:
+        return checkpoint
+    if m["job"] == trainer_job_id:
+        return m["checkpoint"]
+    return f"cross_job://{m['job']}/{m['checkpoint']}"
+
+
+def training_client(
+    trainer: TrainerClient, session: TrainerSession, base_model: str, timeout: float
+) -> TrainingClient:
+    return TrainingClient(
+        trainer,
+        session_id=session.session_id,
+        model_id=session.model_id,
+        base_model=base_model,
+        next_seq=session.next_seq,
+        timeout=timeout,
+        tokenizer_id=session.tokenizer_id,
+    )
+
+
+def loop_context(tc: TrainingClient, inp: Any) -> loops.LoopContext:
+    s = inp.settings
+    return loops.LoopContext(
+        training_client=tc,
+        dataset=s.dataset,
+        batch_size=s.batch_size,
+        micro_batches=s.micro_batches,
+        seed=s.seed,
+        learning_rate=s.learning_rate,
+        max_context_length=s.max_context_length,
+        validation_split=s.validation_split,
+        total_steps=s.total_steps,
+    )
+
+
+def _resolve_loop(name: str) -> loops.Loop:
+    try:
+        return loops.resolve(name)
+    except loops.LoopLoadError as exc:
+        raise ApplicationError(str(exc), type=policies.LOOP_ERROR, non_retryable=True) from None
+
+
+def _data_plane_error(exc: PlatformError, what: str) -> ApplicationError:
+    if isinstance(exc, FutureExpired):
+        # The trainer forgot a result Shepherd still needs: its progress is not knowable.
+        return ApplicationError(
+            f"{what}: {exc.message}", type=policies.TRAINER_BEHIND, non_retryable=True
+        )
+    if isinstance(exc, FutureFailed) and not exc.retryable:
+        return ApplicationError(
+            f"{what}: the trainer refused the request: {exc.message}",
+            type=policies.INVALID_REQUEST,
+            non_retryable=True,
+        )
+    return translate(exc, what)
+
+
+async def _checkpoint_step(client: PlatformClient, checkpoint: str) -> int:
+    """The step a checkpoint was saved at, from the control plane's listing."""
+    m = rules.CHECKPOINT_NAME_RE.match(checkpoint)
+    if not m:
+        raise ApplicationError(
+            f"checkpoint {checkpoint!r} is not accounts/<a>/rlorTrainerJobs/<j>/checkpoints/<c>",
+            type=policies.INVALID_REQUEST,
+            non_retryable=True,
+        )
+    try:
+        async for found in client.iter_checkpoints(
+            f"accounts/{m['account']}/rlorTrainerJobs/{m['job']}"
+        ):
+            if found.name == checkpoint:
+                return int(found.step or 0)
+    except NotFound:
+        pass
+    except PlatformError as exc:
+        raise translate(exc, f"listing the checkpoints of {m['job']}") from None
+    raise ApplicationError(
+        f"checkpoint {checkpoint} does not exist", type=policies.NOT_FOUND, non_retryable=True
+    )
 
 
 class TrainingActivities:
     def __init__(self, clients: ClientProvider) -> None:
         self.clients = clients
+
+    @activity.defn(name="open_model")
+    async def open_model(self, inp: OpenModelInput) -> OpenModelResult:
+        """A session and a model on the (freshly started) trainer: created from
+        ``checkpoint`` (weights and optimizer state) when given, else a new model."""
+        client = self.clients.client(inp.backend)
+        trainer = await client.trainer(inp.trainer_job_id)
+        races = int(previous_details().get("route_races", 0))
+        step = await _checkpoint_step(client, inp.checkpoint) if inp.checkpoint else 0
+        progress = {"route_races": races}
+        try:
+            async with keepalive(progress, KEEPALIVE_S):
+                session_id = await trainer.create_session(
+                    tags=["shepherd"], user_metadata={"workflow_id": activity.info().workflow_id}
+                )
+                if inp.checkpoint:
+                    loaded = await trainer.load_into_new_model(
+                        session_id,
+                        1,
+                        load_path(inp.checkpoint, inp.trainer_job_id),
+                        optimizer=True,
+                        timeout=inp.call_timeout_s,
+                    )
+                    model_id = str(loaded.get("model_id") or f"{session_id}:train:1")
+                else:
+                    model_id = await trainer.create_model(
+                        session_id,
+                        1,
+                        inp.base_model,
+                        inp.lora_rank,
+                        seed=inp.seed,
+                        timeout=inp.call_timeout_s,
+                    )
+                info = await trainer.get_info(model_id)
+        except RouteNotFound:
+            activity.heartbeat({"route_races": races + 1})
+            raise await verified_404(
+                client,
+                inp.trainer_job_id,
+                races=races + 1,
+                retries=_RACES,
+                window=timedelta(seconds=_WINDOW_S),
+            ) from None
+        except PlatformError as exc:
+            raise _data_plane_error(exc, "opening the model") from None
+        log(trainer_job_id=inp.trainer_job_id).info(
+            "model.opened", model_id=model_id, step=step, checkpoint=inp.checkpoint
+        )
+        return OpenModelResult(
+            session=TrainerSession(
+                session_id=session_id,
+                model_id=model_id,
+                next_seq=1,
+                tokenizer_id=info.model_data.tokenizer_id or info.model_data.model_name,
+            ),
+            step=step,
+            weights_digest=info.weights_digest,
+        )
 
     @activity.defn(name="train_chunk")
     async def train_chunk(self, inp: TrainChunkInput) -> ChunkResult:
@@ -41,49 +211,49 @@ class TrainingActivities:
         races = int(before.get("route_races", 0))
         client = self.clients.client(inp.backend)
         trainer = await client.trainer(inp.trainer_job_id)
-        logger = log(trainer_job_id=inp.trainer_job_id)
-        try:
-            loop = load_loop(inp.loop)
-        except LoopLoadError as exc:
-            raise ApplicationError(str(exc), type=policies.LOOP_ERROR, non_retryable=True) from None
-        ctx = LoopContext(
-            trainer=trainer,
-            dataset=inp.dataset,
-            batch_size=inp.batch_size,
-            micro_batches=inp.micro_batches,
-            seed=inp.seed,
-            learning_rate=inp.learning_rate,
-            step_timeout=inp.step_timeout_s,
-        )
-        progress: dict[str, int] = {"step": inp.first_step - 1, "route_races": races}
+        loop = _resolve_loop(inp.settings.loop)
+        # Start where the last attempt's heartbeat says it was (same model only).
+        start_step, next_seq = inp.first_step - 1, inp.session.next_seq
+        if before.get("model_id") == inp.session.model_id:
+            start_step = max(start_step, int(before.get("step", start_step)))
+            next_seq = max(next_seq, int(before.get("next_seq", next_seq)))
+        session = inp.session.model_copy(update={"next_seq": next_seq})
+        tc = training_client(trainer, session, inp.base_model, inp.step_timeout_s)
+        ctx = loop_context(tc, inp)
+        progress: dict[str, Any] = {
+            "step": start_step,
+            "next_seq": next_seq,
+            "route_races": races,
+            "model_id": inp.session.model_id,
+        }
         losses: list[float] = []
+
+        async def one_step(step: int) -> float | None:
+            loss = await loop.step(ctx, step)
+            await tc.drain()  # everything the step submitted is applied
+            return loss
+
+        def done(step: int, loss: float | None) -> None:
+            if loss is not None:
+                losses.append(float(loss))
+            progress["step"], progress["next_seq"] = step, tc.next_seq
+            activity.heartbeat(dict(progress))
+
         try:
             async with keepalive(progress, KEEPALIVE_S):
-                applied = (await trainer.get_info()).step
-                if applied < inp.first_step - 1:
-                    raise ApplicationError(
-                        f"trainer {inp.trainer_job_id} is at step {applied} but steps up to "
-                        f"{inp.first_step - 1} were applied: its progress was lost",
-                        type=policies.TRAINER_BEHIND,
-                        non_retryable=True,
-                    )
-                skipped = min(applied, inp.last_step) - (inp.first_step - 1)
-                progress["step"] = min(applied, inp.last_step)
-                for step in range(applied + 1, inp.last_step + 1):
-                    losses.append(await loop(ctx, step))
-                    progress["step"] = step
-                    activity.heartbeat(dict(progress))
-        except asyncio.CancelledError:
-            # Asked to stop (a pause, or the workflow heard the trainer died): report how
-            # far the trainer really got; the step in flight is either applied or not.
-            return ChunkResult(
-                last_step=progress["step"],
-                last_loss=losses[-1] if losses else None,
-                mean_loss=sum(losses) / len(losses) if losses else None,
-                route_races=races,
-                partial=True,
-            )
+                for step in range(start_step + 1, inp.last_step + 1):
+                    task = asyncio.ensure_future(one_step(step))
+                    try:
+                        done(step, await asyncio.shield(task))
+                    except asyncio.CancelledError:
+                        # Asked to stop (a pause, or the trainer died): finish the step in
+                        # flight so the model is at a step boundary, then report exactly.
+                        with contextlib.suppress(Exception):
+                            done(step, await asyncio.wait_for(task, inp.step_timeout_s))
+                        tc.cancel_pending()
+                        return self._result(progress, losses, races, partial=True)
         except RouteNotFound:
+            tc.cancel_pending()
             progress["route_races"] = races + 1
             activity.heartbeat(dict(progress))
             raise await verified_404(
@@ -94,21 +264,88 @@ class TrainingActivities:
                 window=timedelta(seconds=inp.route_race_window_s),
                 applied_step=progress["step"],
             ) from None
-        except FailedPrecondition as exc:
-            # A step gap: the trainer and Shepherd disagree about progress.
+        except PlatformError as exc:
+            tc.cancel_pending()
+            raise _data_plane_error(
+                exc, f"training steps {inp.first_step}-{inp.last_step}"
+            ) from None
+        except loops.LoopLoadError as exc:
+            tc.cancel_pending()
+            raise ApplicationError(str(exc), type=policies.LOOP_ERROR, non_retryable=True) from None
+        except ApplicationError:
+            tc.cancel_pending()
+            raise
+        except Exception as exc:
+            # A bug in the loop is deterministic: retrying the same step cannot fix it.
+            tc.cancel_pending()
             raise ApplicationError(
-                f"trainer {inp.trainer_job_id} refused a step: {exc.message}",
-                type=policies.TRAINER_BEHIND,
+                f"training loop {inp.settings.loop!r} failed at step {progress['step'] + 1}: "
+                f"{type(exc).__name__}: {exc}",
+                type=policies.LOOP_ERROR,
                 non_retryable=True,
             ) from None
-        except PlatformError as exc:
-            raise translate(exc, f"training steps {inp.first_step}-{inp.last_step}") from None
+        skipped = start_step - (inp.first_step - 1)
         if skipped:
-            logger.info("chunk.resumed", skipped=skipped, first_step=inp.first_step)
+            log(trainer_job_id=inp.trainer_job_id).info(
+                "chunk.resumed", skipped=skipped, first_step=inp.first_step
+            )
+        result = self._result(progress, losses, races, partial=False)
+        result.steps_skipped = skipped
+        return result
+
+    @staticmethod
+    def _result(
+        progress: dict[str, Any], losses: list[float], races: int, *, partial: bool
+    ) -> ChunkResult:
         return ChunkResult(
-            last_step=inp.last_step,
+            last_step=progress["step"],
+            next_seq=progress["next_seq"],
             last_loss=losses[-1] if losses else None,
             mean_loss=sum(losses) / len(losses) if losses else None,
-            steps_skipped=max(0, skipped),
             route_races=races,
+            partial=partial,
         )
+
+    @activity.defn(name="evaluate")
+    async def evaluate(self, inp: EvaluateInput) -> EvaluateResult:
+        """The loop's evaluation (the built-in one: held-out cross-entropy, a forward pass)."""
+        client = self.clients.client(inp.backend)
+        trainer = await client.trainer(inp.trainer_job_id)
+        loop = _resolve_loop(inp.settings.loop)
+        races = int(previous_details().get("route_races", 0))
+        tc = training_client(trainer, inp.session, inp.base_model, inp.call_timeout_s)
+        ctx = loop_context(tc, inp)
+        evaluate = getattr(loop, "evaluate", None) or loops.BUILTIN["supervised"].evaluate  # type: ignore[attr-defined]
+        progress = {"route_races": races}
+        try:
+            async with keepalive(progress, KEEPALIVE_S):
+                raw = await evaluate(ctx)
+                await tc.drain()
+        except RouteNotFound:
+            tc.cancel_pending()
+            activity.heartbeat({"route_races": races + 1})
+            raise await verified_404(
+                client,
+                inp.trainer_job_id,
+                races=races + 1,
+                retries=_RACES,
+                window=timedelta(seconds=_WINDOW_S),
+            ) from None
+        except PlatformError as exc:
+            tc.cancel_pending()
+            raise _data_plane_error(exc, "evaluating") from None
+        except loops.LoopLoadError as exc:
+            raise ApplicationError(str(exc), type=policies.LOOP_ERROR, non_retryable=True) from None
+        except Exception as exc:
+            tc.cancel_pending()
+            raise ApplicationError(
+                f"evaluation of loop {inp.settings.loop!r} failed: {type(exc).__name__}: {exc}",
+                type=policies.LOOP_ERROR,
+                non_retryable=True,
+            ) from None
+        metrics = {
+            k: float(v)
+            for k, v in (raw or {}).items()
+            if isinstance(v, int | float) and not isinstance(v, bool)
+        }
+        return EvaluateResult(step=inp.step, metrics=metrics, next_seq=tc.next_seq)

@@ -1,4 +1,5 @@
-"""Helpers shared by the benchmarks in bench/ (plane.py, overhead.py, recovery.py).
+"""Helpers shared by the benchmarks in bench/ (plane.py, overhead.py, recovery.py,
+sdk_compare.py).
 
 The scripts run as ``python bench/<name>.py``: this directory is then ``sys.path[0]`` and
 they import this file as the top-level module ``common`` (bench/ is not a package).
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
+import httpx
 import numpy as np
 from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -28,17 +30,20 @@ from temporalio.worker import Worker
 
 from localplane.admin import PlaneAdmin
 from localplane.process import PlaneProcess
-from shepherd import binaries
+from shepherd import binaries, loops
 from shepherd import search_attributes as sa
 from shepherd.logging import configure_logging
 from shepherd.models import JobInput, JobStatus
 from shepherd.platform import PlatformClient, RouteNotFound, TrainerClient
+from shepherd.platform.client import JsonTransport
 from shepherd.spec import JobSpec
 from shepherd.states import JobState
+from shepherd.tinker_client import TrainingClient
 from workers.config import BackendProfile, BackendRegistry
 from workers.events import EventBridge
 from workers.main import WORKFLOWS, activities_for
 from workflows.job import TrainingJobWorkflow
+from workflows.policies import WARMUP_PROBE_SPACING
 
 T = TypeVar("T")
 
@@ -166,18 +171,99 @@ async def wait_running(
             raise RuntimeError(f"job {job_id} went {event.state.value}: {event.job.status.message}")
 
 
-async def warm(trainer: TrainerClient, probes: int = 3) -> int:
-    """Consecutive successful ``get_info`` calls: the gateway knows the route
-    (trainer-api.md §5). Returns the 404s seen on the way."""
+async def warm(
+    trainer: TrainerClient,
+    probes: int = 3,
+    spacing_s: float = WARMUP_PROBE_SPACING.total_seconds(),
+) -> int:
+    """Consecutive successful ``healthz`` calls over the training route, spaced like
+    Shepherd's ``warm_up`` activity spaces them: the gateway knows the route (trainer-api.md
+    §5). Returns the 404s seen on the way."""
     ok = seen = 0
     while ok < probes:
         try:
-            await trainer.get_info()
+            await trainer.healthz()
             ok += 1
+            if ok < probes:
+                await asyncio.sleep(spacing_s)
         except RouteNotFound:
             ok, seen = 0, seen + 1
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(spacing_s)
     return seen
+
+
+# ------------------------------------------------------------------- the data plane
+
+
+@contextlib.asynccontextmanager
+async def direct_trainer(
+    admin: PlaneAdmin, job_id: str, api_key: str, *, account: str | None = None
+) -> AsyncIterator[TrainerClient]:
+    """The Tinker API of a job's trainer process at its own address (no gateway), from the
+    plane's admin API; its own connection pool, the same headers Shepherd's client sends."""
+    internals = await admin.job(job_id, account=account)
+    trainer = internals.get("trainer") or {}
+    if not trainer.get("url"):
+        raise RuntimeError(f"{job_id}: no live trainer ({internals.get('job', {}).get('state')})")
+    async with httpx.AsyncClient(
+        headers={"Authorization": f"Bearer {api_key}", "X-Api-Key": api_key},
+        timeout=httpx.Timeout(30.0, connect=5.0),
+    ) as http:
+        yield TrainerClient(JsonTransport(http), str(trainer["url"]).rstrip("/"))
+
+
+async def open_training_client(
+    trainer: TrainerClient,
+    base_model: str,
+    *,
+    lora_rank: int = 0,
+    seed: int = 0,
+    timeout: float = 600.0,
+) -> TrainingClient:
+    """A session and a new model on the trainer, driven through Shepherd's Tinker
+    ``TrainingClient`` (what a loop gets inside the training activity), as ``open_model``
+    opens it: model_seq_id 1, the first sequenced operation gets seq_id 1."""
+    session_id = await trainer.create_session(tags=["shepherd-bench"])
+    model_id = await trainer.create_model(
+        session_id, 1, base_model, lora_rank, seed=seed, timeout=timeout
+    )
+    info = await trainer.get_info(model_id)
+    return TrainingClient(
+        trainer,
+        session_id=session_id,
+        model_id=model_id,
+        base_model=base_model,
+        next_seq=1,
+        timeout=timeout,
+        info=info,
+        tokenizer_id=info.model_data.tokenizer_id,
+    )
+
+
+def loop_context(
+    tc: Any,
+    *,
+    dataset: str,
+    batch_size: int,
+    seed: int,
+    learning_rate: float,
+    max_context_length: int,
+    total_steps: int,
+    micro_batches: int = 1,
+    validation_split: float = 0.1,
+) -> loops.LoopContext:
+    """The context the training activity hands a loop, for the same settings (the spec's)."""
+    return loops.LoopContext(
+        training_client=tc,
+        dataset=dataset,
+        batch_size=batch_size,
+        micro_batches=micro_batches,
+        seed=seed,
+        learning_rate=learning_rate,
+        max_context_length=max_context_length,
+        validation_split=validation_split,
+        total_steps=total_steps,
+    )
 
 
 # ------------------------------------------------------------------------ the stack

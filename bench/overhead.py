@@ -1,13 +1,18 @@
 """Benchmark: what running a job through Shepherd costs, against a bare loop on the same trainer.
 
-One job of ``--steps`` optimizer steps (each ``forward_backward`` sleeps ``--step-ms`` on the
-trainer to emulate a GPU step), a checkpoint every ``--every`` steps and an evaluation at each
+One job of ``--steps`` optimizer steps of the built-in ``supervised`` loop (the stand-in
+byte-level LM, ``cross_entropy`` on ``--batch-size`` tokenized records of the
+``synthetic:text`` corpus; each ``forward_backward`` also sleeps ``--step-ms`` on the trainer
+to emulate a GPU step), a checkpoint every ``--every`` steps and an evaluation at each
 checkpoint, run twice on the same plane with the same trainer config, one after the other:
 
-1. **bare**: a plain Python loop over ``PlatformClient`` — create the trainer job, wait for
-   RUNNING on the event stream, warm the route up (3 consecutive ``get_info``), then for each
-   step ``forward_backward`` + ``optim_step`` (the same requests Shepherd's ``supervised`` loop
-   sends), ``save_weights`` + ``evaluate`` every ``--every`` steps, then delete the job.
+1. **bare**: a plain Python loop on the Tinker API — create the trainer job
+   (``PlatformClient``), wait for RUNNING on the event stream, warm the route up (3
+   consecutive ``healthz``, spaced like Shepherd's), open a session and a model, then run
+   the very same ``shepherd.loops.Supervised`` loop object over Shepherd's Tinker
+   ``TrainingClient`` (the same requests, the same ``seq_id``s); every ``--every`` steps
+   ``save_state`` + ``save_weights_for_sampler`` and the loop's evaluation (a ``forward``),
+   then delete the job.
 2. **shepherd**: the ``TrainingJob`` workflow (start → result) on a real Temporal dev server
    with an in-process worker and the event bridge running (Shepherd's default set-up), doing
    the same work: ``output.promote: none`` and ``checkpoint.keep_last`` large enough that no
@@ -23,7 +28,8 @@ Prints one JSON document on stdout (progress goes to stderr) and writes a PNG pl
 ``--out`` when matplotlib is importable.
 
 Run: ``.venv/bin/python bench/overhead.py [--steps 500] [--step-ms 200] [--every 50]
-[--rounds 1] [--out bench/out/overhead.png]``; a quick run: ``--steps 100 --step-ms 50``.
+[--rounds 1] [--batch-size 32] [--out bench/out/overhead.png]``; a quick run:
+``--steps 100 --step-ms 50``; a smoke run: ``--steps 4 --every 2 --step-ms 1 --batch-size 4``.
 """
 
 from __future__ import annotations
@@ -40,14 +46,9 @@ import numpy as np
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHandle
 
+from shepherd import loops
 from shepherd.models import JobStatus
-from shepherd.platform.models import (
-    AdamParams,
-    CreateTrainerJobRequest,
-    ForwardBackwardRequest,
-    OptimStepRequest,
-    TrainingConfig,
-)
+from shepherd.platform.models import CreateTrainerJobRequest, TrainingConfig
 from shepherd.spec import JobSpec, validate_spec
 
 # isort: split
@@ -56,8 +57,10 @@ from common import (
     Runner,
     Stack,
     log,
+    loop_context,
     machine,
     no_plot,
+    open_training_client,
     positive,
     pyplot,
     r3,
@@ -75,8 +78,11 @@ PLANE_CONFIG: dict[str, Any] = {"capacity": 4}
 BASE_MODEL = "accounts/fireworks/models/qwen3-8b"
 LEARNING_RATE = 3e-3
 SEED = 0
-BATCH_SIZE = 32
 DATASET = "synthetic:text"
+#: Set on both runs (the trainer's and the loop's token budget per record).
+MAX_CONTEXT_LENGTH = 512
+#: The suffix Shepherd's save_checkpoint gives the promotable twin of a checkpoint.
+SAMPLER_SUFFIX = "-sampler"
 TARGET_RATIO = 1.05
 #: Per training call, like Shepherd's default step_timeout (a slow emulated step is fine).
 STEP_TIMEOUT_S = 600.0
@@ -88,7 +94,7 @@ DEFAULT_OUT = Path(__file__).resolve().parent / "out" / "overhead.png"
 CATEGORIES: list[tuple[str, list[str], list[str]]] = [
     ("workflow start/result", ["PENDING", "outside"], ["other"]),
     ("create → RUNNING", ["QUEUED", "SCHEDULING"], ["create", "until_running"]),
-    ("route warm-up", ["PREPARING"], ["warm_up"]),
+    ("route warm-up + open model", ["PREPARING"], ["warm_up", "open_model"]),
     ("training steps", ["TRAINING"], ["training"]),
     ("checkpoint + evaluate", ["CHECKPOINTING"], ["checkpointing"]),
     ("final evaluation + delete", ["EVALUATING", "EXPORTING"], ["delete"]),
@@ -102,16 +108,13 @@ def create_request(job_id: str, step_ms: float) -> CreateTrainerJobRequest:
     """The body Shepherd's ``create_trainer`` activity sends for the same spec."""
     return CreateTrainerJobRequest(
         display_name=job_id,
-        dataset=DATASET,
+        dataset="",
         training_config=TrainingConfig(
             base_model=BASE_MODEL,
             lora_rank=0,
             learning_rate=LEARNING_RATE,
-            extra_args=[
-                f"--compute-delay-ms={step_ms:g}",
-                f"--seed={SEED}",
-                f"--batch-size={BATCH_SIZE}",
-            ],
+            max_context_length=MAX_CONTEXT_LENGTH,
+            extra_args=[f"--compute-delay-ms={step_ms:g}", f"--seed={SEED}"],
         ),
         preemptible=False,
         inactivity_timeout="3600s",
@@ -140,19 +143,29 @@ async def run_bare(st: Stack, job_id: str, args: argparse.Namespace) -> dict[str
         async with asyncio.timeout(120):
             route_404s = await warm(trainer)
         mark = since(mark, "warm_up")
-        adam = AdamParams(learning_rate=LEARNING_RATE)
+        tc = await open_training_client(trainer, BASE_MODEL, seed=SEED, timeout=STEP_TIMEOUT_S)
+        ctx = loop_context(
+            tc,
+            dataset=DATASET,
+            batch_size=args.batch_size,
+            seed=SEED,
+            learning_rate=LEARNING_RATE,
+            max_context_length=MAX_CONTEXT_LENGTH,
+            total_steps=args.steps,
+        )
+        loop = loops.Supervised()
+        mark = since(mark, "open_model")
         for step in range(1, args.steps + 1):
-            await trainer.forward_backward(
-                ForwardBackwardRequest(step=step, micro_batch=0, batch={"size": BATCH_SIZE}),
-                timeout=STEP_TIMEOUT_S,
-            )
-            await trainer.optim_step(
-                OptimStepRequest(step=step, adam_params=adam), timeout=STEP_TIMEOUT_S
-            )
+            await loop.step(ctx, step)
+            await tc.drain()
             mark = since(mark, "training")
             if step % args.every == 0 or step == args.steps:
-                await trainer.save_weights(f"step-{step:08d}")
-                await trainer.evaluate()
+                name = f"step-{step:08d}"
+                state = tc.save_state(name)
+                sampler = tc.save_weights_for_sampler(name + SAMPLER_SUFFIX)
+                await state
+                await sampler
+                await loop.evaluate(ctx)
                 mark = since(mark, "checkpointing")
             if step % 100 == 0:
                 log(f"bare: step {step}/{args.steps}")
@@ -175,19 +188,21 @@ async def run_bare(st: Stack, job_id: str, args: argparse.Namespace) -> dict[str
 # ---------------------------------------------------------------------- through Shepherd
 
 
-def shepherd_spec(name: str, steps: int, every: int, step_ms: float) -> JobSpec:
+def shepherd_spec(name: str, steps: int, every: int, step_ms: float, batch_size: int) -> JobSpec:
     return validate_spec(
         {
             "name": name,
             "trainer": {
                 "base_model": BASE_MODEL,
                 "learning_rate": LEARNING_RATE,
+                "max_context_length": MAX_CONTEXT_LENGTH,
                 "extra_args": [f"--compute-delay-ms={step_ms:g}"],
             },
             "training": {
+                "loop": "supervised",
                 "total_steps": steps,
                 "seed": SEED,
-                "batch_size": BATCH_SIZE,
+                "batch_size": batch_size,
                 "dataset": DATASET,
             },
             # Keep every checkpoint: the bare loop prunes none either.
@@ -220,9 +235,9 @@ async def history_summary(handle: WorkflowHandle[Any, Any]) -> dict[str, Any]:
 
 
 async def run_shepherd(
-    st: Stack, runner: Runner, name: str, steps: int, every: int, step_ms: float
+    st: Stack, runner: Runner, name: str, steps: int, every: int, step_ms: float, batch_size: int
 ) -> dict[str, Any]:
-    spec = shepherd_spec(name, steps, every, step_ms)
+    spec = shepherd_spec(name, steps, every, step_ms, batch_size)
     log(f"shepherd: {name}: {steps} steps x {step_ms:g} ms, checkpoint every {every}")
     start = time.perf_counter()
     handle = await runner.start(spec)
@@ -359,12 +374,18 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         shepherd_worker(st, "overhead", events=True) as runner,
     ):
         # Not measured: pays the first workflow's sandbox imports and the plane's first trainer.
-        warmup = await run_shepherd(st, runner, "overhead-warmup", 2, 2, 0)
+        warmup = await run_shepherd(st, runner, "overhead-warmup", 2, 2, 0, args.batch_size)
         rounds = []
         for r in range(args.rounds):
             bare = await run_bare(st, f"overhead-bare-{r}-{uuid.uuid4().hex[:6]}", args)
             shepherd = await run_shepherd(
-                st, runner, f"overhead-shepherd-{r}", args.steps, args.every, args.step_ms
+                st,
+                runner,
+                f"overhead-shepherd-{r}",
+                args.steps,
+                args.every,
+                args.step_ms,
+                args.batch_size,
             )
             rounds.append(one_round(bare, shepherd, args))
             log(
@@ -392,9 +413,15 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                 "base_model": BASE_MODEL,
                 "lora_rank": 0,
                 "learning_rate": LEARNING_RATE,
+                "max_context_length": MAX_CONTEXT_LENGTH,
                 "extra_args": [f"--compute-delay-ms={args.step_ms:g}"],
+            },
+            "loop": {
+                "name": "supervised (shepherd.loops.Supervised, the same object in both runs)",
+                "dataset": DATASET,
+                "batch_size": args.batch_size,
                 "micro_batches": 1,
-                "batch_size": BATCH_SIZE,
+                "checkpoint": "save_state + save_weights_for_sampler, then the loop's evaluate",
             },
             "shepherd": {
                 "output.promote": "none (the bare loop promotes nothing either)",
@@ -438,6 +465,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--every", type=positive(int), default=50, help="checkpoint every N steps")
     parser.add_argument(
         "--rounds", type=positive(int), default=1, help="bare+Shepherd pairs to run"
+    )
+    parser.add_argument(
+        "--batch-size", type=positive(int), default=32, help="records per forward_backward"
     )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="PNG plot path")
     args = parser.parse_args(argv)

@@ -8,12 +8,15 @@ Measured, against a fresh plane started here (temp dir, ephemeral port, every fa
    (status polls), so it bounds how many jobs one plane can supervise. By default each task
    has its own client (``--client-mode per-task``): one shared httpx pool under 50 concurrent
    requests queues on the client side and would measure the pool rather than the plane.
-2. One optimizer step (1 ``forward_backward`` + 1 ``optim_step``) of a default job, over
-   ``--steps`` steps, both **direct** to the trainer process and **through the gateway**,
-   interleaved step by step on the same trainer so both paths see the same machine load.
-   The p50 difference is the gateway's overhead per step: the price every training call
-   pays for routing, on top of the (here zero-cost, ``computeDelayMs`` = 0) model math.
-   ``get_info`` on both paths gives the round-trip floor (no model work) the steps sit on.
+2. One optimizer step of a default job on the Tinker API (JSON dialect, Shepherd's
+   ``TrainerClient``): ``forward_backward`` (``--batch`` datums of ``--tokens`` tokens,
+   ``cross_entropy``) then ``optim_step``, each a submission plus its ``retrieve_future``
+   (4 HTTP requests per step), over ``--steps`` steps, both **direct** to the trainer
+   process and **through the gateway**, interleaved step by step on the same model (one
+   ``seq_id`` sequence across both paths) so both see the same machine load. The p50
+   difference is the gateway's overhead per step: the price every training call pays for
+   routing, on top of the model math (the byte-level stand-in LM; ``computeDelayMs`` = 0).
+   ``healthz`` on both paths gives the round-trip floor (no model work) the steps sit on.
 
 The client and the plane share this machine's CPUs, so the figures are for the pair, not for
 the server alone; the JSON records the machine and the CPU each side used in the load phase.
@@ -22,7 +25,8 @@ Prints one JSON document on stdout (progress goes to stderr) and writes a PNG pl
 ``--out`` when matplotlib is importable.
 
 Run: ``.venv/bin/python bench/plane.py [--duration 10] [--steps 300] [--concurrency 50]
-[--client-mode per-task|shared] [--out bench/out/plane.png]``
+[--client-mode per-task|shared] [--batch 8] [--tokens 64] [--out bench/out/plane.png]``;
+a smoke run: ``--duration 1 --steps 3 --concurrency 4``.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import os
 import time
 from collections import Counter
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,16 +47,22 @@ import numpy as np
 from localplane.admin import PlaneAdmin
 from localplane.process import PlaneProcess
 from shepherd.platform import PlatformClient, TrainerClient
-from shepherd.platform.models import (
-    CreateTrainerJobRequest,
-    ForwardBackwardRequest,
-    OptimStepRequest,
-    TrainingConfig,
-)
+from shepherd.platform.models import CreateTrainerJobRequest, TrainingConfig
 
 # isort: split
 # bench/ is sys.path[0] when a script runs as `python bench/<name>.py`: not a package import.
-from common import log, machine, no_plot, positive, pyplot, save_plot, summary, wait_running, warm
+from common import (
+    direct_trainer,
+    log,
+    machine,
+    no_plot,
+    positive,
+    pyplot,
+    save_plot,
+    summary,
+    wait_running,
+    warm,
+)
 
 #: Every fault off, so only the plane's own cost is measured.
 PLANE_CONFIG = {
@@ -62,17 +73,27 @@ PLANE_CONFIG = {
 }
 BASE_MODEL = "accounts/fireworks/models/qwen3-8b"
 JOB_ID = "bench-plane"
+#: HTTP requests per measured step: (submit + retrieve_future) x (forward_backward, optim_step).
+REQUESTS_PER_STEP = 4
 #: Load before measuring: connection pools fill, the server's code paths get hot.
 WARMUP_SECONDS = 1.0
 #: Steps per path before measuring, for the same reason.
 WARMUP_STEPS = 5
-#: get_info calls per path for the round-trip floor.
+#: healthz calls per path for the round-trip floor.
 FLOOR_CALLS = 100
 #: Latency percentiles reported (with mean, min and max; no raw values: there are thousands).
 PERCENTILES = (50, 90, 99)
 #: Job creation to a warm route; a trainer boots in about a second.
 STARTUP_TIMEOUT_S = 60.0
 DEFAULT_OUT = Path(__file__).resolve().parent / "out" / "plane.png"
+LEARNING_RATE = 3e-3
+#: Per training call (submission + its future): the stand-in LM answers in milliseconds.
+CALL_TIMEOUT_S = 60.0
+#: The text the step's datums are cut from; the stand-in LM's token ids are byte values.
+TEXT = (
+    "Shepherd drives trainers through the Tinker API: forward_backward, optim_step, "
+    "save_weights, each with its seq_id, every operation applied exactly once. "
+)
 
 
 def process_cpu_seconds(pid: int) -> float | None:
@@ -184,29 +205,76 @@ async def control_plane_bench(
 # -------------------------------------------------------------------------- trainer steps
 
 
-async def timed_step(trainer: TrainerClient, step: int) -> tuple[float, float]:
-    """One optimizer step; returns (forward_backward ms, optim_step ms)."""
+def batch_of(size: int, tokens: int) -> list[dict[str, Any]]:
+    """``size`` next-token datums of ``tokens`` input tokens each (JSON dialect), cut from
+    TEXT at different offsets: a fixed batch, so every step does the same model work."""
+    text = (TEXT * (tokens // len(TEXT) + 2)).encode()
+    datums = []
+    for i in range(size):
+        ids = list(text[i * 7 : i * 7 + tokens + 1])
+        datums.append(
+            {
+                "model_input": {"chunks": [{"type": "encoded_text", "tokens": ids[:-1]}]},
+                "loss_fn_inputs": {
+                    "target_tokens": {"data": ids[1:], "dtype": "int64", "shape": [tokens]},
+                    "weights": {"data": [1.0] * tokens, "dtype": "float32", "shape": [tokens]},
+                },
+            }
+        )
+    return datums
+
+
+@dataclass
+class Model:
+    """The one model both paths train; ``seq`` is its next ``seq_id`` (shared by both)."""
+
+    model_id: str
+    batch: list[dict[str, Any]]
+    seq: int = 1
+
+    def next_seq(self) -> int:
+        self.seq += 1
+        return self.seq - 1
+
+
+async def timed_step(trainer: TrainerClient, model: Model) -> tuple[float, float]:
+    """One optimizer step, each operation awaited before the next is sent (so the times
+    split cleanly); returns (forward_backward ms, optim_step ms)."""
     t0 = time.perf_counter()
-    await trainer.forward_backward(ForwardBackwardRequest(step=step, micro_batch=0))
+    await trainer.call(
+        "forward_backward",
+        {
+            "forward_backward_input": {"data": model.batch, "loss_fn": "cross_entropy"},
+            "model_id": model.model_id,
+            "seq_id": model.next_seq(),
+        },
+        timeout=CALL_TIMEOUT_S,
+    )
     t1 = time.perf_counter()
-    await trainer.optim_step(OptimStepRequest(step=step))
+    await trainer.call(
+        "optim_step",
+        {
+            "adam_params": {"learning_rate": LEARNING_RATE},
+            "model_id": model.model_id,
+            "seq_id": model.next_seq(),
+        },
+        timeout=CALL_TIMEOUT_S,
+    )
     t2 = time.perf_counter()
     return (t1 - t0) * 1000, (t2 - t1) * 1000
 
 
 async def trainer_bench(
-    paths: dict[str, TrainerClient], steps: int
+    paths: dict[str, TrainerClient], model: Model, steps: int
 ) -> tuple[dict[str, Any], dict[str, list[float]]]:
-    """``steps`` measured steps per path, alternating paths step by step on one trainer
-    (the step number runs on across both: it is one model)."""
+    """``steps`` measured steps per path, alternating paths step by step on one model
+    (its ``seq_id`` runs on across both paths: it is one model)."""
     fb: dict[str, list[float]] = {name: [] for name in paths}
     opt: dict[str, list[float]] = {name: [] for name in paths}
-    step = (await next(iter(paths.values())).get_info()).step
     log(f"trainer: {WARMUP_STEPS} warm-up + {steps} measured steps per path ({', '.join(paths)})")
     for i in range(WARMUP_STEPS + steps):
         for name, trainer in paths.items():
-            step += 1
-            fb_ms, opt_ms = await timed_step(trainer, step)
+            fb_ms, opt_ms = await timed_step(trainer, model)
             if i >= WARMUP_STEPS:
                 fb[name].append(fb_ms)
                 opt[name].append(opt_ms)
@@ -223,12 +291,12 @@ async def trainer_bench(
 
 
 async def round_trip_floor(paths: dict[str, TrainerClient]) -> dict[str, Any]:
-    """``get_info`` (no model work) on each path, interleaved: the fixed cost of one call."""
+    """``healthz`` (no model work) on each path, interleaved: the fixed cost of one call."""
     samples: dict[str, list[float]] = {name: [] for name in paths}
     for _ in range(FLOOR_CALLS):
         for name, trainer in paths.items():
             start = time.perf_counter()
-            await trainer.get_info()
+            await trainer.healthz()
             samples[name].append((time.perf_counter() - start) * 1000)
     return {name: summary(values, PERCENTILES, raw=False) for name, values in samples.items()}
 
@@ -240,7 +308,8 @@ def gateway_overhead(steps: dict[str, Any]) -> dict[str, float]:
     per_step = p50_diff("step_ms")
     return {
         "step_p50_ms": per_step,
-        "per_request_p50_ms": round(per_step / 2, 3),  # a step is two requests
+        # A step is two operations, each a submission and a retrieve_future.
+        "per_request_p50_ms": round(per_step / REQUESTS_PER_STEP, 3),
         "forward_backward_p50_ms": p50_diff("forward_backward_ms"),
         "optim_step_p50_ms": p50_diff("optim_step_ms"),
         "step_p50_ratio": round(
@@ -298,12 +367,18 @@ async def bench(
         async with asyncio.timeout(STARTUP_TIMEOUT_S):
             await wait_running(client, JOB_ID)
             await warm(gateway)
-        direct = client.trainer_at((await admin.job(JOB_ID))["trainer"]["url"])
+            session_id = await gateway.create_session(tags=["shepherd-bench"])
+            model_id = await gateway.create_model(
+                session_id, 1, BASE_MODEL, 0, timeout=CALL_TIMEOUT_S
+            )
+        model = Model(model_id, batch_of(args.batch, args.tokens))
 
         cp, get_samples = await control_plane_bench(plane, client, JOB_ID, args)
-        paths = {"direct": direct, "gateway": gateway}
-        steps, step_samples = await trainer_bench(paths, args.steps)
-        floor = await round_trip_floor(paths)
+        async with direct_trainer(admin, JOB_ID, plane.api_key) as direct:
+            paths = {"direct": direct, "gateway": gateway}
+            steps, step_samples = await trainer_bench(paths, model, args.steps)
+            floor = await round_trip_floor(paths)
+            info = await direct.get_info(model_id)
         effective_config = await admin.faults()
         stats = await admin.stats()
 
@@ -314,14 +389,23 @@ async def bench(
         "plane": {"requested_config": PLANE_CONFIG, "effective_config": effective_config},
         "control_plane_get": cp,
         "trainer_step": {
-            "job": {"id": JOB_ID, "base_model": BASE_MODEL, "lora_rank": 0, "micro_batches": 1},
+            "job": {"id": JOB_ID, "base_model": BASE_MODEL, "lora_rank": 0},
+            "model": {
+                "arch": info.model_data.arch,
+                "trainable_parameters": getattr(info, "trainable_parameters", None),
+            },
+            "step": (
+                f"forward_backward ({args.batch} datums x {args.tokens} tokens, cross_entropy) "
+                "then optim_step (Adam), each submitted and its future retrieved before the "
+                f"next: {REQUESTS_PER_STEP} HTTP requests, JSON dialect"
+            ),
             "steps_per_path": args.steps,
             "warmup_steps_per_path": WARMUP_STEPS,
             "order": "interleaved step by step (direct, gateway, direct, ...) on the same trainer",
-            "route_warmup": "3 consecutive get_info through the gateway",
+            "route_warmup": "3 consecutive healthz through the gateway",
             **steps,
             "gateway_overhead": gateway_overhead(steps),
-            "get_info_round_trip_ms": floor,
+            "healthz_round_trip_ms": floor,
         },
         # Cross-check that no fault fired: both must be 0.
         "plane_stats": {k: stats.get(k) for k in ("route404s", "injected5xx")},
@@ -346,6 +430,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="per-task",
         help="each load task has its own PlatformClient, or all share one",
     )
+    parser.add_argument(
+        "--batch", type=positive(int), default=8, help="datums per forward_backward"
+    )
+    parser.add_argument("--tokens", type=positive(int), default=64, help="input tokens per datum")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="PNG plot path")
     return parser.parse_args(argv)
 

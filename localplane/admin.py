@@ -58,6 +58,13 @@ class PlaneAdmin:
     async def job_stats(self, job_name: str) -> dict[str, Any]:
         return (await self.stats())["jobs"].get(job_name, {})
 
+    async def data_plane(self, job_name: str | None = None) -> dict[str, int]:
+        """Data-plane requests served, by ``"<dialect>:<op>"`` (all jobs, or one job)."""
+        stats = await self.stats()
+        if job_name is None:
+            return stats.get("dataPlane", {})
+        return stats["jobs"].get(job_name, {}).get("dataPlane", {})
+
     async def reset_stats(self) -> dict[str, Any]:
         return await self._call("POST", "/stats:reset")
 
@@ -82,15 +89,19 @@ class PlaneAdmin:
 
     # -------------------------------------------------------------- accounts
 
-    async def create_account(self, account_id: str | None = None) -> tuple[str, str]:
-        """A new account and its API key."""
-        body = await self._call(
-            "POST", "/accounts", {"accountId": account_id} if account_id else {}
-        )
-        return body["account"]["name"].removeprefix("accounts/"), body["apiKey"]
+    async def create_account(
+        self, account_id: str | None = None, *, key_style: str = "tinker"
+    ) -> tuple[str, str]:
+        """A new account and its API key (``tinker``: ``tml-…``; ``fireworks``: ``fw_…``)."""
+        body: dict[str, Any] = {"keyStyle": key_style}
+        if account_id:
+            body["accountId"] = account_id
+        answer = await self._call("POST", "/accounts", body)
+        return answer["account"]["name"].removeprefix("accounts/"), answer["apiKey"]
 
-    async def create_api_key(self, account_id: str) -> str:
-        return (await self._call("POST", f"/accounts/{account_id}/apiKeys", {}))["apiKey"]
+    async def create_api_key(self, account_id: str, *, key_style: str = "tinker") -> str:
+        body = {"keyStyle": key_style}
+        return (await self._call("POST", f"/accounts/{account_id}/apiKeys", body))["apiKey"]
 
     # -------------------------------------------------------------- webhooks
 

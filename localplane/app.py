@@ -157,7 +157,7 @@ def create_app(plane: Plane) -> FastAPI:
     app.add_middleware(ControlPlaneFaults, plane=lambda: plane)
 
     async def principal(request: Request) -> Principal:
-        return plane.authenticate(request.headers.get("authorization"))
+        return plane.authenticate(request.headers)
 
     # Dependencies are async: a sync one would run in a thread and touch SQLite off the loop.
     async def account_access(a: str, who: Principal = Depends(principal)) -> str:
@@ -405,16 +405,21 @@ def create_app(plane: Plane) -> FastAPI:
     @admin.post("/accounts")
     async def create_account(request: Request) -> dict[str, Any]:
         body = await json_body(request)
+        body = body if isinstance(body, dict) else {}
         account_id, key = plane.create_account(
-            body.get("accountId") if isinstance(body, dict) else None
+            body.get("accountId"), str(body.get("keyStyle") or "tinker")
         )
         return {"account": {"name": f"accounts/{account_id}"}, "apiKey": key}
 
     @admin.post("/accounts/{a}/apiKeys")
-    async def create_key(a: str) -> dict[str, Any]:
+    async def create_key(a: str, request: Request) -> dict[str, Any]:
+        # keyStyle "tinker" (default): tml-…, accepted by both SDKs; "fireworks": fw_…, for
+        # FiretitanServiceClient, which turns into a plain Tinker client on a tml- key.
+        body = await json_body(request)
+        style = str((body.get("keyStyle") if isinstance(body, dict) else None) or "tinker")
         if not plane.storage.account_exists(a):
             raise NotFound(f"account {a} not found")
-        return {"apiKey": plane.add_key(a)}
+        return {"apiKey": plane.add_key(a, style)}
 
     @admin.get("/webhooks")
     async def list_webhooks() -> dict[str, Any]:

@@ -17,12 +17,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+#: What was saved -> (promotable, resumable). ``state`` is ``save_weights`` (weights and
+#: optimizer state), ``sampler`` is ``save_weights_for_sampler`` (weights only), ``both`` is a
+#: name saved both ways at the same weights (the Tinker cookbook saves both under one name).
 CHECKPOINT_TYPES = {
-    # What was saved -> (wire checkpointType, promotable, resumable)
-    "both": ("CHECKPOINT_TYPE_BOTH", True, True),
-    "state": ("CHECKPOINT_TYPE_STATE", False, True),
-    "sampler": ("CHECKPOINT_TYPE_SAMPLER", True, False),
+    "both": (True, True),
+    "state": (False, True),
+    "sampler": (True, False),
 }
+
+
+def checkpoint_type(kind: str, lora_rank: int) -> str:
+    """The hosted service's ``checkpointType`` for a checkpoint (clients treat it as opaque
+    and filter on ``promotable``): inference checkpoints are the promotable ones."""
+    if CHECKPOINT_TYPES[kind][0]:
+        return "CHECKPOINT_TYPE_INFERENCE_LORA" if lora_rank else "CHECKPOINT_TYPE_INFERENCE_BASE"
+    return "CHECKPOINT_TYPE_TRAINING_LORA" if lora_rank else "CHECKPOINT_TYPE_TRAINING"
 
 
 def job_dir(data_dir: Path, account: str, job: str) -> Path:
@@ -79,19 +89,28 @@ class CheckpointMeta:
     def name(self) -> str:
         return f"accounts/{self.account}/rlorTrainerJobs/{self.job}/checkpoints/{self.checkpoint}"
 
-    def wire(self) -> dict[str, Any]:
-        ctype, promotable, _ = CHECKPOINT_TYPES[self.kind]
-        return {
-            "name": self.name,
-            "createTime": self.create_time,
-            "checkpointType": ctype,
-            "promotable": promotable,
-            "step": self.step,
-        }
+    @property
+    def promotable(self) -> bool:
+        return CHECKPOINT_TYPES[self.kind][0]
 
     @property
     def resumable(self) -> bool:
-        return CHECKPOINT_TYPES[self.kind][2]
+        return CHECKPOINT_TYPES[self.kind][1]
+
+    @property
+    def checkpoint_type(self) -> str:
+        return checkpoint_type(self.kind, self.lora_rank)
+
+    def wire(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "createTime": self.create_time,
+            "checkpointType": self.checkpoint_type,
+            "promotable": self.promotable,
+            "step": self.step,
+            # localplane extension: whether load_weights can resume from it (optimizer state).
+            "resumable": self.resumable,
+        }
 
 
 def write_meta(data_dir: Path, meta: CheckpointMeta) -> None:

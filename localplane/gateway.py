@@ -6,6 +6,9 @@ learns a new route after its own lag, drawn from the configured range, so just a
 turns RUNNING (and after every resume) some requests get ``404`` although the trainer is
 healthy — the route race clients must survive. A configurable share of requests also gets
 a random ``404``. A deleted, dead or unknown job's route answers ``404`` too.
+
+Every answer a trainer gives is counted by dialect and operation (admin stats), from the
+``x-localplane-op`` / ``x-localplane-dialect`` headers the trainer sets.
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ from localplane.errors import error_response
 
 #: Upstream timeout: training calls may take long with an emulated compute delay.
 UPSTREAM_TIMEOUT_S = 900.0
+#: Response headers a trainer sets: which Tinker operation and dialect it served.
+OP_HEADER = "x-localplane-op"
+DIALECT_HEADER = "x-localplane-dialect"
 _HOP_HEADERS = {"host", "content-length", "connection", "keep-alive", "transfer-encoding"}
 
 
@@ -42,10 +48,12 @@ class Gateway:
         config: Callable[[], PlaneConfig],
         rng: random.Random,
         on_404: Callable[[str, str], None],
+        on_data_plane: Callable[[str, str, str, str], None] = lambda *_: None,
     ) -> None:
         self._config = config
         self._rng = rng
         self._on_404 = on_404
+        self._on_data_plane = on_data_plane
         self._routes: dict[tuple[str, str], Route] = {}
         self._next_replica = itertools.count()
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(UPSTREAM_TIMEOUT_S, connect=2.0))
@@ -125,6 +133,10 @@ class Gateway:
             return error_response(502, "UNAVAILABLE", "the trainer closed the connection")
         except httpx.TimeoutException:
             return error_response(504, "DEADLINE_EXCEEDED", "the trainer did not answer in time")
+        # The trainer names what it served (it cannot write the plane's storage); count it.
+        op = answer.headers.get(OP_HEADER)
+        if op:
+            self._on_data_plane(account, job, answer.headers.get(DIALECT_HEADER, "json"), op)
         out_headers = {
             k: v
             for k, v in answer.headers.items()

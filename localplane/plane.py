@@ -6,12 +6,14 @@ from __future__ import annotations
 import os
 import random
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import structlog
 
+from localplane import auth
 from localplane.config import PlaneConfig, PlaneSettings
 from localplane.errors import InvalidArgument, PermissionDenied, Unauthenticated
 from localplane.events import EventBus
@@ -24,6 +26,9 @@ from shepherd.states import JobState
 
 log = structlog.stdlib.get_logger("localplane")
 
+#: Per-job counter names of data-plane requests by "<dialect>:<op>".
+DATA_PLANE_PREFIX = "dataPlane|"
+
 API_KEY_FILE = "dev-api-key"
 ADMIN_KEY_FILE = "admin-api-key"
 
@@ -32,6 +37,11 @@ ADMIN_KEY_FILE = "admin-api-key"
 class Principal:
     kind: str  # "user" | "admin"
     account_id: str | None
+
+
+def _check_key_style(style: str) -> None:
+    if style not in auth.KEY_PREFIXES:
+        raise InvalidArgument(f"keyStyle: must be one of {', '.join(auth.KEY_PREFIXES)}")
 
 
 def _read_or_create_secret(path: Path, prefix: str) -> str:
@@ -57,7 +67,9 @@ class Plane:
         self.storage.put_setting("config", self.config.wire())
         self.rng = random.Random(self.config.random_seed)
         self.events = EventBus(self.storage)
-        self.gateway = Gateway(lambda: self.config, self.rng, self._on_route_404)
+        self.gateway = Gateway(
+            lambda: self.config, self.rng, self._on_route_404, self._on_data_plane
+        )
         self.jobs = JobService(
             self.storage,
             self.events,
@@ -115,25 +127,31 @@ class Plane:
         tmp.write_text("\n".join(self.storage.key_hashes(account)) + "\n")
         os.replace(tmp, path)
 
-    def create_account(self, account_id: str | None) -> tuple[str, str]:
+    def create_account(self, account_id: str | None, key_style: str = "tinker") -> tuple[str, str]:
         account_id = account_id or f"acct-{secrets.token_hex(4)}"
         if not rules.ACCOUNT_ID_RE.match(account_id):
             raise InvalidArgument(
                 f"accountId: {account_id!r} must be 1-63 characters of a-z, 0-9 and '-'"
             )
+        _check_key_style(key_style)
         self.storage.ensure_account(account_id, now_rfc3339())
-        return account_id, self.add_key(account_id)
+        return account_id, self.add_key(account_id, key_style)
 
-    def add_key(self, account_id: str) -> str:
-        key = f"lp_{secrets.token_urlsafe(24)}"
+    def add_key(self, account_id: str, key_style: str = "tinker") -> str:
+        """A new key for the account; Tinker-style (``tml-``) unless asked otherwise."""
+        _check_key_style(key_style)
+        key = auth.mint(key_style)
         self.storage.add_key(key, account_id, "user", now_rfc3339())
         self._write_keys_file(account_id)
         return key
 
-    def authenticate(self, header: str | None) -> Principal:
-        if not header or not header.lower().startswith("bearer "):
-            raise Unauthenticated("missing API key: send 'Authorization: Bearer <key>'")
-        found = self.storage.lookup_key(header[7:].strip())
+    def authenticate(self, headers: Mapping[str, str]) -> Principal:
+        key = auth.api_key(headers)
+        if key is None:
+            raise Unauthenticated(
+                "missing API key: send 'X-Api-Key: <key>' or 'Authorization: Bearer <key>'"
+            )
+        found = self.storage.lookup_key(key)
         if found is None:
             raise Unauthenticated("unknown API key")
         return Principal(*found)
@@ -170,6 +188,15 @@ class Plane:
 
     # ---------------------------------------------------------------- stats
 
+    def _on_data_plane(self, account: str, job: str, dialect: str, op: str) -> None:
+        # Counted here, where the plane's storage is: trainers only say what a request was.
+        scope = f"{dialect}:{op}"
+        job_name = f"accounts/{account}/rlorTrainerJobs/{job}"
+        self.storage.incr("dataPlaneRequests")
+        self.storage.incr("dataPlaneRequests", scope)
+        self.storage.incr("dataPlaneRequests", job_name)
+        self.storage.incr(f"{DATA_PLANE_PREFIX}{scope}", job_name)
+
     def _on_route_404(self, account: str, job: str) -> None:
         self.storage.incr("route404s")
         self.storage.incr("route404s", f"accounts/{account}/rlorTrainerJobs/{job}")
@@ -178,15 +205,27 @@ class Plane:
         counters = self.storage.counters()
         totals = counters.pop("", {})
         jobs: dict[str, Any] = {}
+        data_plane: dict[str, int] = {}
         for name, values in counters.items():
             m = rules.JOB_NAME_RE.match(name)
-            rec = self.storage.get_job(m["account"], m["job"]) if m else None
+            if not m:  # a "<dialect>:<op>" scope of the data-plane counter
+                data_plane[name] = values.get("dataPlaneRequests", 0)
+                continue
+            rec = self.storage.get_job(m["account"], m["job"])
+            by_op = {
+                k.removeprefix(DATA_PLANE_PREFIX): v
+                for k, v in values.items()
+                if k.startswith(DATA_PLANE_PREFIX)
+            }
             jobs[name] = {
-                **values,
+                **{k: v for k, v in values.items() if not k.startswith(DATA_PLANE_PREFIX)},
+                "dataPlane": by_op,
                 "state": rec.state.value if rec else None,
-                "liveTrainer": bool(m and (m["account"], m["job"]) in self.jobs.trainers),
+                "liveTrainer": (m["account"], m["job"]) in self.jobs.trainers,
             }
         return {
+            # Data-plane requests that reached a trainer, by "<dialect>:<op>" (json/protobuf).
+            "dataPlane": data_plane,
             **{k: totals.get(k, 0) for k in _TOTALS},
             **{k: v for k, v in totals.items() if k not in _TOTALS},
             "liveTrainers": self.jobs.live_trainers(),
@@ -206,6 +245,7 @@ _TOTALS = (
     "trainersStarted",
     "trainersExited",
     "route404s",
+    "dataPlaneRequests",
     "controlPlaneRequests",
     "injected5xx",
     "webhookDeliveries",

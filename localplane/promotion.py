@@ -115,9 +115,10 @@ class PromotionService:
             raise NotFound(
                 f"checkpoint accounts/{account}/rlorTrainerJobs/{job_id}/checkpoints/{checkpoint_id} not found"
             )
-        if not ckpt.CHECKPOINT_TYPES[meta.kind][1]:
+        if not meta.promotable:
             raise FailedPrecondition(
-                f"checkpoint {meta.name} is not promotable ({ckpt.CHECKPOINT_TYPES[meta.kind][0]})"
+                f"checkpoint {meta.name} is not promotable ({meta.checkpoint_type}): it holds "
+                "training state; promote a checkpoint saved with save_weights_for_sampler"
             )
         if req.base_model and req.base_model != meta.base_model:
             raise InvalidArgument(

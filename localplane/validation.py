@@ -14,18 +14,20 @@ from pydantic.alias_generators import to_camel
 
 from localplane import catalog
 from localplane.errors import FailedPrecondition, InvalidArgument, describe_validation_error
-from localplane.trainer import data as datasets
 from shepherd.platform import rules
 
 DEFAULT_LEARNING_RATE = 1e-3
 DEFAULT_MAX_CONTEXT = 8192
 
-#: extraArgs localplane understands (the hosted platform passes them to the trainer image).
+#: extraArgs localplane understands (the hosted platform passes them to the trainer image);
+#: others are ignored, as an image ignores flags it does not know.
 KNOWN_EXTRA_ARGS = {
     "--seed": int,
-    "--hidden": int,
-    "--batch-size": int,
     "--compute-delay-ms": float,
+    # How long retrieve_future holds a pending future, and how long a later seq_id waits
+    # for a missing one: tests shorten them to see try_again and gap failures quickly.
+    "--retrieve-hold-seconds": float,
+    "--seq-gap-timeout-seconds": float,
 }
 
 
@@ -80,7 +82,7 @@ def _parse_extra_args(args: list[str], problems: list[str]) -> dict[str, Any]:
             noun = "an integer" if kind is int else "a number"
             problems.append(f"trainingConfig.extraArgs[{i}]: {key} needs {noun} value, as {key}=N")
             continue
-        if parsed < 0 or (key in ("--hidden", "--batch-size") and parsed < 1):
+        if parsed < 0:
             problems.append(f"trainingConfig.extraArgs[{i}]: {key} must be positive")
             continue
         options[key.removeprefix("--").replace("-", "_")] = parsed
@@ -162,8 +164,6 @@ def validate_create(query: dict[str, str], body: Any, data_dir: Path) -> ValidCr
         problems.append("trainerReplicaCount: must be in [1, 8]")
     if req.hot_load_deployment_id and (p := rules.check_resource_id(req.hot_load_deployment_id)):
         problems.append(f"hotLoadDeploymentId: {p}")
-    if req.dataset and (p := datasets.check_name(req.dataset, data_dir)):
-        problems.append(f"dataset: {p}")
 
     if shape_ref is not None:
         # On the shape path the shape decides the hardware; sending it is a conflict.
@@ -229,7 +229,8 @@ def validate_create(query: dict[str, str], body: Any, data_dir: Path) -> ValidCr
         "displayName": req.display_name or "",
         "serviceMode": True,
         "keepAlive": req.keep_alive,
-        "dataset": req.dataset or datasets.DEFAULT_DATASET,
+        # Accepted and kept as sent; trainers load no datasets (clients send tokens).
+        "dataset": req.dataset,
         "trainingConfig": training_config,
         "nodeCount": node_count,
         "hotLoadDeploymentId": req.hot_load_deployment_id or deployment_id or "",

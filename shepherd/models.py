@@ -48,9 +48,7 @@ class CreateTrainerInput(Model):
     trainer_job_id: str
     trainer: TrainerSpec
     shape_version: str | None = None
-    dataset: str
     seed: int
-    batch_size: int
     preemptible: bool
     display_name: str
 
@@ -72,21 +70,62 @@ class WarmUpInput(Model):
 
 
 class WarmUpResult(Model):
-    step: int
     probes: int
+    #: Route 404s seen (and waited out) on the way.
+    route_races: int = 0
 
 
-class TrainChunkInput(Model):
+class TrainerSession(Model):
+    """The model Shepherd trains on a running trainer (Tinker API): its session, its
+    model id, and the ``seq_id`` its next sequenced operation takes. Every activity that
+    talks to the model starts from here and hands back the new ``next_seq``."""
+
+    session_id: str
+    model_id: str
+    next_seq: int = 1
+    tokenizer_id: str | None = None
+
+
+class OpenModelInput(Model):
     backend: str
     trainer_job_id: str
-    first_step: int
-    last_step: int
+    base_model: str
+    lora_rank: int
+    seed: int
+    #: A checkpoint resource name to create the model from (weights and optimizer state).
+    checkpoint: str | None = None
+    call_timeout_s: float
+
+
+class OpenModelResult(Model):
+    session: TrainerSession
+    #: The step the model is at: the checkpoint's, or 0 for a fresh model.
+    step: int
+    weights_digest: str | None = None
+
+
+class LoopSettings(Model):
+    """What a training loop is told about the job (``shepherd.loops.LoopContext``)."""
+
     loop: str
     dataset: str
     batch_size: int
     micro_batches: int
     seed: int
     learning_rate: float
+    max_context_length: int
+    validation_split: float
+    total_steps: int
+
+
+class TrainChunkInput(Model):
+    backend: str
+    trainer_job_id: str
+    base_model: str
+    session: TrainerSession
+    first_step: int
+    last_step: int
+    settings: LoopSettings
     route_race_retries: int
     route_race_window_s: float
     #: Per-call timeout of training calls (one step may be slow on a real GPU).
@@ -95,6 +134,8 @@ class TrainChunkInput(Model):
 
 class ChunkResult(Model):
     last_step: int
+    #: The ``seq_id`` the model's next operation takes.
+    next_seq: int
     last_loss: float | None = None
     mean_loss: float | None = None
     #: Steps this chunk found already applied (a retried attempt, or work redone).
@@ -108,36 +149,45 @@ class ChunkResult(Model):
 class SaveCheckpointInput(Model):
     backend: str
     trainer_job_id: str
+    base_model: str
+    session: TrainerSession
+    #: The checkpoint id: ``save_weights`` (resumable) under it, and
+    #: ``save_weights_for_sampler`` (promotable) under ``<name>-sampler``.
     name: str
+    step: int
+    call_timeout_s: float
 
 
 class CheckpointRecord(Model):
+    #: Resource name of the resumable (state) checkpoint.
     name: str
     step: int
     trainer_job_id: str
+    #: Resource name of the promotable (sampler) checkpoint of the same weights.
+    sampler: str | None = None
     metric: float | None = None
     saved_at: datetime | None = None
+
+
+class SaveCheckpointResult(Model):
+    record: CheckpointRecord
+    next_seq: int
 
 
 class EvaluateInput(Model):
     backend: str
     trainer_job_id: str
+    base_model: str
+    session: TrainerSession
+    step: int
+    settings: LoopSettings
+    call_timeout_s: float
 
 
 class EvaluateResult(Model):
     step: int
     metrics: dict[str, float]
-
-
-class LoadCheckpointInput(Model):
-    backend: str
-    trainer_job_id: str
-    checkpoint: str
-
-
-class LoadCheckpointResult(Model):
-    step: int
-    weights_digest: str | None = None
+    next_seq: int
 
 
 class PruneCheckpointsInput(Model):
@@ -305,6 +355,7 @@ class CarriedFlags(Model):
     pauses: int = 0
     event_state: str | None = None
     event_id: int = 0
+    session: TrainerSession | None = None
 
 
 class JobInput(Model):

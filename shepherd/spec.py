@@ -27,6 +27,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from shepherd import datasets
 from shepherd.platform import rules
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
@@ -94,7 +95,8 @@ def _rule(check: Any) -> Any:
 
 
 LABEL_KEY = re.compile(r"^[a-z0-9]([a-z0-9_./-]{0,61}[a-z0-9])?$")
-LOOP_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+#: Same rule as shepherd.loops.LOOP_NAME_RE (the spec module imports nothing heavy).
+LOOP_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,62}\Z")
 JOB_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")
 BACKEND_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 
@@ -158,7 +160,8 @@ class TrainerSpec(SpecModel):
 class TrainingSpec(SpecModel):
     """What to run."""
 
-    #: ``supervised`` (built in) or a user loop as ``package.module:function``.
+    #: The name of a loop registered with the workers: ``supervised`` (built in), or a
+    #: Tinker loop registered by name (``SHEPHERD_LOOPS``, ``shepherd.loops`` entry points).
     loop: str = "supervised"
     dataset: str = "synthetic:text"
     total_steps: int = Field(gt=0, le=10_000_000)
@@ -171,12 +174,22 @@ class TrainingSpec(SpecModel):
     #: Optimizer steps per training activity; defaults to the checkpoint cadence (max 50).
     steps_per_chunk: int | None = Field(default=None, ge=1, le=10_000)
 
+    @field_validator("dataset")
+    @classmethod
+    def _dataset(cls, value: str) -> str:
+        if problem := datasets.check_name(value):
+            raise PydanticCustomError("dataset", problem)
+        return value
+
     @field_validator("loop")
     @classmethod
     def _loop(cls, value: str) -> str:
-        if value != "supervised" and not LOOP_REF.match(value):
+        if not LOOP_NAME.match(value):
             raise PydanticCustomError(
-                "loop", "must be 'supervised' or a user loop as 'package.module:function'"
+                "loop",
+                "must be the name of a loop registered with the workers (e.g. 'supervised'; "
+                "1-63 characters of a-z, 0-9, '_' and '-'); code is never imported from a spec: "
+                "register a loop with SHEPHERD_LOOPS=name=module:attr on the workers",
             )
         return value
 

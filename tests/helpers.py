@@ -9,15 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shepherd.platform import PlatformClient, RouteNotFound, TrainerClient
-from shepherd.platform.models import (
-    CreateTrainerJobRequest,
-    ForwardBackwardRequest,
-    OptimStepRequest,
-    TrainerJob,
-    TrainingConfig,
-)
+from shepherd.platform import PlatformClient
+from shepherd.platform.models import CreateTrainerJobRequest, TrainerJob, TrainingConfig
 from shepherd.states import JobState
+from tests.tinker_http import Model, TinkerHTTP
 
 BASE_MODEL = "accounts/fireworks/models/qwen3-8b"
 
@@ -49,41 +44,59 @@ async def wait_state(
     raise AssertionError("unreachable")
 
 
-async def warm(trainer: TrainerClient, probes: int = 3, timeout: float = 30.0) -> int:
-    """Consecutive successful get_info probes; returns how many 404s were seen."""
+async def warm(api: TinkerHTTP, probes: int = 3, timeout: float = 30.0) -> int:
+    """Consecutive successful healthz probes over the route; returns how many 404s (the
+    route race, §5) were seen on the way."""
     seen_404 = 0
     ok = 0
     async with asyncio.timeout(timeout):
         while ok < probes:
-            try:
-                await trainer.get_info()
-                ok += 1
-            except RouteNotFound:
+            r = await api.raw("healthz", method="GET")
+            if r.status_code == 404:
                 seen_404 += 1
                 ok = 0
                 await asyncio.sleep(0.02)
+                continue
+            assert r.status_code == 200, r.text
+            ok += 1
     return seen_404
 
 
-async def running_trainer(client: PlatformClient, job_id: str, **request: Any) -> TrainerClient:
-    """Create a job, wait for RUNNING and a warm route, return its data plane."""
-    await client.create_job(job_id, job_request(**request))
-    await wait_state(client, job_id, JobState.RUNNING)
-    trainer = await client.trainer(job_id)
-    await warm(trainer)
-    return trainer
+@dataclass
+class Trainer:
+    """A RUNNING job's data plane (through the gateway), with one session and one model."""
+
+    api: TinkerHTTP
+    job_id: str
+    session_id: str
+    model: Model
+
+    async def info(self) -> dict[str, Any]:
+        return await self.model.info()
 
 
-async def train_steps(
-    trainer: TrainerClient, first: int, last: int, micro_batches: int = 1
-) -> list[float]:
-    losses = []
-    for step in range(first, last + 1):
-        for mb in range(micro_batches):
-            await trainer.forward_backward(ForwardBackwardRequest(step=step, micro_batch=mb))
-        answer = await trainer.optim_step(OptimStepRequest(step=step))
-        losses.append(answer.metrics["loss"])
-    return losses
+def gateway_api(account: Account, job_id: str, *, auth: str = "x-api-key") -> TinkerHTTP:
+    base = f"{account.client.gateway_url}/training/v1/rlorTrainerJobs/{account.id}/{job_id}"
+    return TinkerHTTP(base, account.api_key, auth=auth)
+
+
+async def running_trainer(account: Account, job_id: str, **request: Any) -> Trainer:
+    """Create a job, wait for RUNNING and a warm route, open a session and create a model
+    (rank and base model as the job was created with)."""
+    req = job_request(**request)
+    await account.client.create_job(job_id, req)
+    await wait_state(account.client, job_id, JobState.RUNNING)
+    api = gateway_api(account, job_id)
+    await warm(api)
+    session = await api.session()
+    tc = req.training_config
+    model = await api.create_model(session, 0, tc.base_model, lora_rank=tc.lora_rank)
+    return Trainer(api, job_id, session, model)
+
+
+async def train_steps(trainer: Trainer, first: int, last: int) -> list[float]:
+    """Steps ``first..last`` on the trainer's model; the losses."""
+    return await trainer.model.train(first, last)
 
 
 async def delete_all_jobs(client: PlatformClient) -> None:

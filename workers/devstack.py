@@ -156,6 +156,24 @@ class TemporalServer:
         return stop_process(self.proc)
 
 
+#: The example loops of this repository, registered with the dev stack's worker.
+EXAMPLE_LOOPS = {"rl-example": "rl_loop.py:loop"}
+
+
+def example_loops(env: dict[str, str] | None = None) -> dict[str, str]:
+    """``SHEPHERD_LOOPS`` with the repository's example loops added (where the examples
+    folder exists, i.e. a source checkout), so ``examples/rl.yaml`` runs on ``shepherd dev``."""
+    env = dict(os.environ) if env is None else env
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    refs = [r for r in env.get("SHEPHERD_LOOPS", "").split(",") if r.strip()]
+    for name, ref in EXAMPLE_LOOPS.items():
+        if (examples / ref.partition(":")[0]).is_file() and not any(
+            r.strip().startswith(f"{name}=") for r in refs
+        ):
+            refs.append(f"{name}={examples / ref}")
+    return {"SHEPHERD_LOOPS": ",".join(refs)} if refs else {}
+
+
 @dataclass
 class WorkerProcess:
     state_dir: Path
@@ -217,6 +235,7 @@ class DevStack:
                     "TEMPORAL_ADDRESS": self.temporal.address,
                     "SHEPHERD_BACKEND_LOCAL_URL": self.plane.url,
                     "SHEPHERD_PLANE_API_KEY": self.plane.api_key,
+                    **example_loops(),
                 },
                 task_queue=self.task_queue,
             ).start()

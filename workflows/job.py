@@ -47,8 +47,9 @@ with workflow.unsafe.imports_passed_through():
         EvaluateInput,
         JobInput,
         JobStatus,
-        LoadCheckpointInput,
+        LoopSettings,
         ModelInfo,
+        OpenModelInput,
         PauseRequest,
         PauseResult,
         PlatformEvent,
@@ -61,6 +62,7 @@ with workflow.unsafe.imports_passed_through():
         SaveCheckpointInput,
         TrainChunkInput,
         TrainerRef,
+        TrainerSession,
         TrialProgress,
         WarmUpInput,
     )
@@ -171,6 +173,8 @@ class TrainingJobWorkflow:
         self._event_state = flags.event_state
         self._event_message = ""
         self._event_id = flags.event_id
+        #: The model on the live trainer (Tinker API) and its next seq_id; None until opened.
+        self._session: TrainerSession | None = flags.session
         #: Platform update time of the freshest state observed by polling; older events are stale.
         self._observed_at: datetime | None = None
         self._pause_requested = False
@@ -315,6 +319,7 @@ class TrainingJobWorkflow:
         self.s.generation = 0 if self.s.trainer_job_id is None else self.s.generation + 1
         self.s.trainer_job_id = f"{self._prefix}-g{self.s.generation}"
         self._event_state, self._observed_at, self._serving = None, None, False
+        self._session = None
         self._upsert([sa.TRAINER_JOB_ID.value_set(self.s.trainer_job_id)])
         self._set_phase(Phase.QUEUED)
         t = self.spec.trainer
@@ -325,9 +330,7 @@ class TrainingJobWorkflow:
                 trainer_job_id=self.s.trainer_job_id,
                 trainer=t,
                 shape_version=self._shape_version,
-                dataset=self.spec.training.dataset,
                 seed=self.spec.training.seed,
-                batch_size=self.spec.training.batch_size,
                 preemptible=self._preemptible,
                 display_name=(t.display_name or self.s.workflow_id)[: rules.MAX_DISPLAY_NAME_LEN],
             ),
@@ -356,6 +359,7 @@ class TrainingJobWorkflow:
             "RUNNING",
         )
         self._set_phase(Phase.PREPARING)
+        self._session = None  # a (re)started trainer holds no model
         warm = await self._act(
             ReadinessActivities.warm_up,
             WarmUpInput(
@@ -367,22 +371,49 @@ class TrainingJobWorkflow:
             f"warm up the route ({self.pol.warmup_probes} probes)",
             timeout_type="WarmUpTimeout",
         )
+        self.s.route_races += warm.route_races
+        t = self.spec.trainer
+        opened = await self._act(
+            TrainingActivities.open_model,
+            OpenModelInput(
+                backend=self.spec.backend,
+                trainer_job_id=self._ref().trainer_job_id,
+                base_model=t.base_model,
+                lora_rank=t.lora_rank,
+                seed=self.spec.training.seed,
+                checkpoint=self._to_load,
+                call_timeout_s=self._call_timeout_s(),
+            ),
+            self.pol.data_plane_call,
+            f"load {self._to_load.rsplit('/', 1)[-1]}" if self._to_load else "create the model",
+        )
+        self._session = opened.session
         self._serving = True
-        self.s.step = warm.step
-        if self._to_load:
-            loaded = await self._act(
-                CheckpointActivities.load_checkpoint,
-                LoadCheckpointInput(
-                    backend=self.spec.backend,
-                    trainer_job_id=self._ref().trainer_job_id,
-                    checkpoint=self._to_load,
-                ),
-                self.pol.data_plane_call,
-                f"load {self._to_load.rsplit('/', 1)[-1]}",
-            )
-            self.s.step = loaded.step
-            self._to_load = None
+        self.s.step = opened.step
+        self._to_load = None
         self._publish()
+
+    def _call_timeout_s(self) -> float:
+        return self.pol.step_timeout.total_seconds()
+
+    def _loop_settings(self) -> LoopSettings:
+        tr = self.spec.training
+        return LoopSettings(
+            loop=tr.loop,
+            dataset=tr.dataset,
+            batch_size=tr.batch_size,
+            micro_batches=tr.micro_batches,
+            seed=tr.seed,
+            learning_rate=self.spec.trainer.learning_rate,
+            max_context_length=self.spec.trainer.max_context_length
+            or policies.DEFAULT_MAX_CONTEXT_LENGTH,
+            validation_split=tr.validation_split,
+            total_steps=tr.total_steps,
+        )
+
+    def _model(self) -> TrainerSession:
+        assert self._session is not None, "no model is open on the trainer"
+        return self._session
 
     async def _await_state(
         self,
@@ -474,14 +505,11 @@ class TrainingJobWorkflow:
             TrainChunkInput(
                 backend=self.spec.backend,
                 trainer_job_id=self._ref().trainer_job_id,
+                base_model=self.spec.trainer.base_model,
+                session=self._model(),
                 first_step=first,
                 last_step=last,
-                loop=self.spec.training.loop,
-                dataset=self.spec.training.dataset,
-                batch_size=self.spec.training.batch_size,
-                micro_batches=self.spec.training.micro_batches,
-                seed=self.spec.training.seed,
-                learning_rate=self.spec.trainer.learning_rate,
+                settings=self._loop_settings(),
                 route_race_retries=self.pol.route_race_retries,
                 route_race_window_s=self.pol.route_race_window.total_seconds(),
                 step_timeout_s=self.pol.step_timeout.total_seconds(),
@@ -509,6 +537,7 @@ class TrainingJobWorkflow:
             if is_cancelled_exception(err) and died():
                 raise self._death_event() from None
             self._raise_mapped(err, "ChunkTimeout", "training")
+        self._model().next_seq = result.next_seq
         if not result.partial:
             return result
         if died():
@@ -520,14 +549,22 @@ class TrainingJobWorkflow:
 
     async def _checkpoint(self, name: str, *, evaluate: bool | None = None) -> CheckpointRecord:
         self._set_phase(Phase.CHECKPOINTING)
-        record = await self._act(
+        saved = await self._act(
             CheckpointActivities.save_checkpoint,
             SaveCheckpointInput(
-                backend=self.spec.backend, trainer_job_id=self._ref().trainer_job_id, name=name
+                backend=self.spec.backend,
+                trainer_job_id=self._ref().trainer_job_id,
+                base_model=self.spec.trainer.base_model,
+                session=self._model(),
+                name=name,
+                step=self.s.step,
+                call_timeout_s=self._call_timeout_s(),
             ),
             self.pol.data_plane_call,
             f"save checkpoint {name}",
         )
+        self._model().next_seq = saved.next_seq
+        record = saved.record
         record.saved_at = workflow.now()
         if self.spec.checkpoint.evaluate if evaluate is None else evaluate:
             record.metric = await self._evaluate()
@@ -566,11 +603,20 @@ class TrainingJobWorkflow:
 
     async def _evaluate(self) -> float:
         result = await self._act(
-            CheckpointActivities.evaluate,
-            EvaluateInput(backend=self.spec.backend, trainer_job_id=self._ref().trainer_job_id),
+            TrainingActivities.evaluate,
+            EvaluateInput(
+                backend=self.spec.backend,
+                trainer_job_id=self._ref().trainer_job_id,
+                base_model=self.spec.trainer.base_model,
+                session=self._model(),
+                step=self.s.step,
+                settings=self._loop_settings(),
+                call_timeout_s=self._call_timeout_s(),
+            ),
             self.pol.data_plane_call,
-            "evaluate on the held-out split",
+            "evaluate",
         )
+        self._model().next_seq = result.next_seq
         metric = self.spec.checkpoint.metric
         if metric not in result.metrics:
             raise _Terminal(
@@ -589,12 +635,13 @@ class TrainingJobWorkflow:
         keep |= {c.name for c in (self.s.best,) if c} | {
             n for n in (self.s.paused_checkpoint, self._to_load) if n
         }
-        doomed = [c.name for c in self.s.checkpoints if c.name not in keep]
+        doomed = [c for c in self.s.checkpoints if c.name not in keep]
         if not doomed:
             return
+        names = [n for c in doomed for n in (c.name, c.sampler) if n]
         result = await self._act(
             CheckpointActivities.prune_checkpoints,
-            PruneCheckpointsInput(backend=self.spec.backend, checkpoints=doomed),
+            PruneCheckpointsInput(backend=self.spec.backend, checkpoints=names),
             self.pol.prune,
             f"prune {len(doomed)} old checkpoint(s)",
         )
@@ -645,6 +692,7 @@ class TrainingJobWorkflow:
         )
         self.s.recoveries.append(record)
         self._serving = False
+        self._session = None
         if job is not None and job.trainer_job_id == self.s.trainer_job_id:
             self._observe(job)
         else:
@@ -732,7 +780,8 @@ class TrainingJobWorkflow:
         request = PromoteInput(
             backend=self.spec.backend,
             trainer_job_id=chosen.trainer_job_id,
-            checkpoint=chosen.name,
+            # The promotable (sampler) twin of the chosen checkpoint, as hosted trainers need.
+            checkpoint=chosen.sampler or chosen.name,
             model_id=output.model_id,
             base_model=self.spec.trainer.base_model,
         )
@@ -787,6 +836,7 @@ class TrainingJobWorkflow:
             "delete the trainer",
         )
         self._trainer_live = self._serving = False
+        self._session = None
         self.s.cleanup = "done"
 
     async def _finish(self, phase: Phase, error: ErrorInfo | None) -> None:
@@ -940,6 +990,7 @@ class TrainingJobWorkflow:
                     pauses=self._pauses,
                     event_state=self._event_state,
                     event_id=self._event_id,
+                    session=self._session,
                 ),
             )
         )

@@ -69,6 +69,25 @@ PERMANENT = [
 ]
 
 
+#: Longest datum (tokens) the built-in loop builds when the spec sets no max context
+#: length: the platform's default for a trainer created without one (trainer-api.md §2).
+DEFAULT_MAX_CONTEXT_LENGTH = 8192
+
+# ------------------------------------------------------------- in-activity sequences
+# Temporal retries are ~1 s apart on the dev server at best; these waits need finer spacing,
+# so they run inside one activity, bounded here.
+
+#: Warm-up: after a route 404 (the control plane says RUNNING) the next probe follows this
+#: soon. Routes reach gateway replicas in tens to hundreds of milliseconds; probing every
+#: 50 ms costs nothing next to a training step and starts training within ~50 ms of the
+#: route being everywhere.
+WARMUP_PROBE_SPACING = timedelta(milliseconds=50)
+#: Warm-up: how long one attempt keeps probing before handing back to the activity's
+#: retry policy (which then backs off in seconds: a route that takes this long is not a
+#: race but a slow gateway).
+WARMUP_ATTEMPT_BUDGET = timedelta(seconds=5)
+
+
 @dataclass(frozen=True)
 class ActivityPolicy:
     """How one activity runs: its timeouts and its retries."""
@@ -132,7 +151,8 @@ class Policies:
     wait_running: ActivityPolicy
     #: After a death the platform may sit in a transitional state for a while.
     wait_resumable: ActivityPolicy
-    #: Consecutive get_info probes; a route 404 is retried with bounded backoff until the
+    #: Consecutive healthz probes (spaced by WARMUP_PROBE_SPACING within one attempt, for
+    #: WARMUP_ATTEMPT_BUDGET); then a route 404 is retried with bounded backoff until the
     #: warm-up timeout, anything else surfaces at once.
     warm_up: ActivityPolicy
     #: One chunk of optimizer steps; the heartbeat detects a dead worker within seconds.

@@ -183,7 +183,7 @@ class SweepWorkflow:
         trial.step = status.step
         if status.best is not None and status.best.metric is not None:
             trial.metric = status.best.metric
-            trial.best_checkpoint = status.best.name
+            trial.best_checkpoint = status.best.sampler or status.best.name
             trial.best_trainer_job_id = status.best.trainer_job_id
         best = self.s.best_trial
         if trial.metric is not None and (

@@ -1,8 +1,14 @@
-"""The HTTP face of one trainer process (the Tinker-style data plane, trainer-api.md §4).
+"""The HTTP face of one trainer process: the Tinker API (trainer-api.md §4).
 
 One process per running job, like a pod: it binds its own port on loopback, announces it on
 stdout, serves until it is killed — or exits by itself with :data:`EXIT_IDLE` once nobody
 has called it for the job's inactivity timeout.
+
+Any path ending in ``api/v1/<op>`` is the operation ``<op>``, whatever prefix the gateway
+or a client puts before it. Bodies are decoded and results encoded by
+:mod:`localplane.trainer.dialects`, so JSON and protobuf clients share one service. Every
+answer names the operation and dialect in ``x-localplane-op`` / ``x-localplane-dialect``
+for the plane's request counters.
 """
 
 from __future__ import annotations
@@ -13,81 +19,33 @@ import json
 import os
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import structlog
 import uvicorn
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
-from localplane.errors import (
-    InvalidArgument,
-    PlaneError,
-    describe_validation_error,
-    error_response,
-    install_error_handlers,
-)
+from localplane.auth import api_key
+from localplane.errors import PlaneError, error_response
+from localplane.gateway import DIALECT_HEADER, OP_HEADER
 from localplane.serving import ReadyServer, bind
-from localplane.trainer.core import TrainerConfig, TrainerCore
+from localplane.trainer import dialects
+from localplane.trainer.core import SEQUENCED, TrainerConfig, TrainerService
 
 #: Exit code of a trainer that stopped itself after the inactivity timeout.
 EXIT_IDLE = 75
 #: The line prefix a trainer prints on stdout once it serves; the plane waits for it.
 READY_PREFIX = "LOCALPLANE_TRAINER_READY "
+API_MARKER = "api/v1/"
 
 log = structlog.stdlib.get_logger("localplane.trainer")
 
-
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
-class _ForwardBackward(_Body):
-    step: int = Field(ge=1)
-    micro_batch: int = Field(default=0, ge=0)
-    batch: Any = Field(default_factory=dict)
-
-
-class _Adam(_Body):
-    learning_rate: float | None = None
-    beta1: float = Field(default=0.9, ge=0.0, lt=1.0)
-    beta2: float = Field(default=0.95, ge=0.0, lt=1.0)
-    eps: float = Field(default=1e-8, gt=0.0)
-
-
-class _OptimStep(_Body):
-    step: int = Field(ge=1)
-    adam_params: _Adam = Field(default_factory=_Adam)
-
-
-class _Save(_Body):
-    name: str
-    kind: str = "both"
-
-
-class _Load(_Body):
-    name: str
-
-
-class _Evaluate(_Body):
-    max_examples: int = 1024
-    dataset: str | None = None
-
-
-async def _parse(request: Request, model: type[BaseModel]) -> Any:
-    raw = await request.body()
-    try:
-        body = json.loads(raw) if raw.strip() else {}
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise InvalidArgument("request body is not valid JSON") from None
-    if not isinstance(body, dict):
-        raise InvalidArgument("request body must be a JSON object")
-    try:
-        return model.model_validate(body)
-    except ValidationError as exc:
-        raise InvalidArgument(describe_validation_error(exc)) from None
+Handler = Callable[[TrainerService, dict[str, Any], str], Any]
 
 
 class _KeyRing:
@@ -98,12 +56,12 @@ class _KeyRing:
         self._mtime = -1.0
         self._hashes: frozenset[str] = frozenset()
 
-    def allows(self, header: str | None) -> bool:
+    def allows(self, key: str | None) -> bool:
         if self.path is None:
             return True
-        if not header or not header.startswith("Bearer "):
+        if not key:
             return False
-        digest = hashlib.sha256(header.removeprefix("Bearer ").strip().encode()).hexdigest()
+        digest = hashlib.sha256(key.encode()).hexdigest()
         if digest not in self._hashes:
             self._reload()
         return digest in self._hashes
@@ -119,116 +77,140 @@ class _KeyRing:
             self._hashes = frozenset(self.path.read_text().split())
 
 
-def create_app(core: TrainerCore) -> FastAPI:
-    cfg = core.cfg
-    app = FastAPI(title="localplane trainer", docs_url=None, redoc_url=None, openapi_url=None)
-    install_error_handlers(app)
-    keys = _KeyRing(cfg.keys_file)
-    # One trainer, one model: calls are applied one at a time, as on one GPU.
-    lock = asyncio.Lock()
-    app.state.last_activity = time.monotonic()
-    app.state.lock = lock
+def _direct(fn: Callable[[TrainerService, dict[str, Any]], Any]) -> Handler:
+    return lambda svc, body, arg: fn(svc, body)
 
-    @app.middleware("http")
-    async def _auth_and_activity(request: Request, call_next: Any) -> Any:
-        if not keys.allows(request.headers.get("authorization")):
+
+#: POST operations: op -> handler(service, body, path argument). Sequenced ones submit.
+_POST: dict[str, Handler] = {
+    "client/config": _direct(TrainerService.client_config),
+    "create_session": _direct(TrainerService.create_session),
+    "session_heartbeat": _direct(TrainerService.session_heartbeat),
+    "telemetry": lambda svc, body, arg: {"status": "accepted"},
+    "client/dynamic_config": lambda svc, body, arg: {},
+    "session_finish": lambda svc, body, arg: svc.finish_session(arg, body),
+    "create_model": _direct(TrainerService.create_model),
+    "get_info": _direct(TrainerService.get_info),
+    "weights_info": _direct(TrainerService.weights_info),
+    "create_sampling_session": _direct(TrainerService.create_sampling_session),
+    "asample": _direct(TrainerService.asample),
+    "list_checkpoints": lambda svc, body, arg: svc.list_checkpoints(),
+    **{op: (lambda svc, body, arg, op=op: svc.submit(op, body)) for op in SEQUENCED},
+}
+_GET: dict[str, Handler] = {
+    "healthz": lambda svc, body, arg: {"status": "ok"},
+    "list_checkpoints": lambda svc, body, arg: svc.list_checkpoints(),
+    "get_sampler": lambda svc, body, arg: svc.get_sampler(arg),
+}
+
+
+def _operation(path: str) -> tuple[str, str]:
+    """``(op, argument)`` of a request path; ``("", "")`` when it is no Tinker endpoint."""
+    at = path.rfind(API_MARKER)
+    if at < 0:
+        return "", ""
+    op = path[at + len(API_MARKER) :].strip("/")
+    if op.startswith("sessions/") and op.endswith("/finish"):
+        return "session_finish", op.removeprefix("sessions/").removesuffix("/finish")
+    if op.startswith("samplers/"):
+        return "get_sampler", op.removeprefix("samplers/")
+    return op, ""
+
+
+def create_app(service: TrainerService) -> Starlette:
+    keys = _KeyRing(service.cfg.keys_file)
+    state: dict[str, Any] = {"last_activity": time.monotonic()}
+
+    def answer(response: Response, op: str, dialect: str) -> Response:
+        response.headers[OP_HEADER] = op
+        response.headers[DIALECT_HEADER] = dialect
+        return response
+
+    async def dispatch(request: Request) -> Response:
+        op, arg = _operation(request.url.path)
+        table = _GET if request.method == "GET" else _POST
+        if op not in table and not (op == "retrieve_future" and request.method == "POST"):
+            # No such endpoint is the one honest 404 a trainer gives (a client can tell it
+            # from a missing route by the message; the real SDKs tolerate it for optional calls).
+            return error_response(
+                404, "NOT_FOUND", f"no such endpoint: {request.method} {request.url.path}"
+            )
+        if not keys.allows(api_key(request.headers)):
             return error_response(401, "UNAUTHENTICATED", "missing or unknown API key")
-        # Health probes do not keep a trainer alive; any real call does, start and end.
-        tracked = not request.url.path.endswith("/healthz")
-        if tracked:
-            app.state.last_activity = time.monotonic()
+        if op != "healthz":  # health probes do not keep a trainer alive; any real call does
+            state["last_activity"] = time.monotonic()
+        dialect = "json"
         try:
-            return await call_next(request)
+            body, dialect = dialects.decode_request(
+                op, request.headers.get("content-type"), await request.body()
+            )
+            if op == "forward_backward" and body.get("forward_only"):
+                op = "forward"  # tinker's forward(): the same endpoint, forward_only set
+            if op == "retrieve_future":
+                result_op, result = await service.retrieve(body)
+                if "type" in result and result["type"] == "try_again" or "error" in result:
+                    return answer(JSONResponse(result), op, dialect)
+            else:
+                result_op, result = op, table[op](service, body, arg)
+                if isinstance(result, Awaitable):
+                    result = await result
+            payload, media = dialects.encode_result(
+                result_op, result, request.headers.get("accept")
+            )
+            if media == dialects.PROTOBUF:
+                dialect = "protobuf"
+            return answer(Response(payload, media_type=media), op, dialect)
+        except PlaneError as exc:
+            return answer(JSONResponse(exc.body(), status_code=exc.code), op, dialect)
+        except Exception as exc:
+            log.exception("trainer.error", op=op)
+            return answer(
+                error_response(500, "INTERNAL", f"trainer error: {type(exc).__name__}: {exc}"),
+                op,
+                dialect,
+            )
         finally:
-            if tracked:
-                app.state.last_activity = time.monotonic()
+            if op != "healthz":
+                state["last_activity"] = time.monotonic()
 
-    @app.get("/api/v1/healthz")
-    async def healthz() -> dict[str, Any]:
-        return {"status": "ok", "step": core.step}
-
-    @app.post("/api/v1/get_info")
-    async def get_info() -> dict[str, Any]:
-        return core.info()
-
-    @app.post("/api/v1/forward_backward")
-    async def forward_backward(request: Request) -> dict[str, Any]:
-        body = await _parse(request, _ForwardBackward)
-        async with lock:
-            answer, computed = core.forward_backward(body.step, body.micro_batch, body.batch)
-            if computed and cfg.compute_delay_s > 0:
-                await asyncio.sleep(cfg.compute_delay_s)  # emulated GPU time for one micro-batch
-        return answer
-
-    @app.post("/api/v1/optim_step")
-    async def optim_step(request: Request) -> dict[str, Any]:
-        body = await _parse(request, _OptimStep)
-        async with lock:
-            return core.optim_step(body.step, body.adam_params.model_dump())
-
-    @app.post("/api/v1/save_weights")
-    async def save_weights(request: Request) -> dict[str, Any]:
-        body = await _parse(request, _Save)
-        async with lock:
-            answer = core.save(body.name, body.kind)
-        log.info("checkpoint.saved", name=answer["name"], step=answer["step"])
-        return answer
-
-    @app.post("/api/v1/load_weights")
-    async def load_weights(request: Request) -> dict[str, Any]:
-        body = await _parse(request, _Load)
-        async with lock:
-            answer = core.load(body.name)
-        log.info("checkpoint.loaded", name=answer["name"], step=answer["step"])
-        return answer
-
-    @app.post("/api/v1/list_checkpoints")
-    async def list_checkpoints() -> dict[str, Any]:
-        return core.list_checkpoints()
-
-    @app.post("/api/v1/evaluate")
-    async def evaluate(request: Request) -> dict[str, Any]:
-        body = await _parse(request, _Evaluate)
-        async with lock:
-            return core.evaluate(body.model_dump(exclude_none=True))
-
-    @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        if isinstance(exc, PlaneError):
-            return JSONResponse(exc.body(), status_code=exc.code)
-        log.exception("trainer.error")
-        return error_response(500, "INTERNAL", f"trainer error: {type(exc).__name__}: {exc}")
-
+    app = Starlette(
+        routes=[Route("/{path:path}", dispatch, methods=["GET", "POST", "PUT", "DELETE"])]
+    )
+    app.state.activity = state
+    app.state.service = service
     return app
 
 
-async def _watch_inactivity(app: FastAPI, timeout_s: float) -> None:
-    """Exit with EXIT_IDLE after ``timeout_s`` without a (non-health) call."""
+async def _watch_inactivity(app: Starlette, service: TrainerService, timeout_s: float) -> None:
+    """Exit with EXIT_IDLE after ``timeout_s`` without a (non-health) call and no work."""
     interval = min(1.0, max(0.05, timeout_s / 5))
     while True:
         await asyncio.sleep(interval)
-        if time.monotonic() - app.state.last_activity > timeout_s and not app.state.lock.locked():
+        idle_for = time.monotonic() - app.state.activity["last_activity"]
+        if idle_for > timeout_s and not service.busy():
             log.info("trainer.idle", timeout_s=timeout_s)
             sys.stdout.flush()
             os._exit(EXIT_IDLE)
 
 
 def serve(cfg: TrainerConfig, host: str = "127.0.0.1") -> None:
-    core = TrainerCore(cfg)
-    app = create_app(core)
+    service = TrainerService(cfg)
+    app = create_app(service)
     sock = bind(host, 0)
     port = sock.getsockname()[1]
 
     def announce() -> None:
         loop = asyncio.get_running_loop()
         if cfg.inactivity_timeout_s > 0:
-            app.state.idle_task = loop.create_task(_watch_inactivity(app, cfg.inactivity_timeout_s))
+            app.state.idle_task = loop.create_task(
+                _watch_inactivity(app, service, cfg.inactivity_timeout_s)
+            )
         log.info(
             "trainer.ready",
             port=port,
             job=cfg.job_name,
             generation=cfg.generation,
-            stand_in=core.arch.stand_in,
+            tokenizer=str(service.tokenizer_dir),
         )
         # The plane reads this line from our stdout: the trainer's "I serve on this port".
         print(READY_PREFIX + json.dumps({"port": port, "pid": os.getpid()}), flush=True)  # noqa: T201

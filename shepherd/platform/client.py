@@ -13,6 +13,7 @@ It speaks only the contract, so it works against ``localplane`` and the hosted s
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Self
 from urllib.parse import quote
@@ -21,28 +22,28 @@ import httpx
 from httpx_sse import EventSource, aconnect_sse
 
 from shepherd.platform import rules
-from shepherd.platform.errors import PlatformError, error_from_response, error_from_transport
+from shepherd.platform.errors import (
+    FutureExpired,
+    InternalError,
+    PlatformError,
+    RequestTimeout,
+    error_from_response,
+    error_from_transport,
+    future_failed,
+)
 from shepherd.platform.models import (
     Account,
     Checkpoint,
     CheckpointList,
     CreateTrainerJobRequest,
-    EvaluateResponse,
-    ForwardBackwardRequest,
-    ForwardBackwardResponse,
-    GetInfoResponse,
     JobEvent,
-    LoadWeightsResponse,
     Model,
     Operation,
-    OptimStepRequest,
-    OptimStepResponse,
     PromoteCheckpointRequest,
     PromoteCheckpointResponse,
-    SaveWeightsResponse,
-    TrainerCheckpointList,
     TrainerJob,
     TrainerJobList,
+    TrainerModelInfo,
     TrainingShapeVersion,
     TrainingShapeVersionList,
 )
@@ -50,6 +51,8 @@ from shepherd.platform.models import (
 #: Default per-request timeout, seconds. Shorter than any activity's start-to-close.
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
+#: One ``retrieve_future`` poll: trainers hold it open for up to ~20-30 s (§4).
+FUTURE_POLL_TIMEOUT_S = 45.0
 USER_AGENT = "shepherd-platform-client/0.1"
 
 
@@ -118,7 +121,13 @@ class PlatformClient:
         self.gateway_url = (gateway_url or base_url).rstrip("/")
         self._account_id = account_id
         self._http = httpx.AsyncClient(
-            headers={"Authorization": f"Bearer {api_key}", "User-Agent": USER_AGENT},
+            # Both headers (§1): hosted control planes read the bearer token, training
+            # APIs X-Api-Key.
+            headers={
+                "Authorization": f"Bearer {api_key}",
+                "X-Api-Key": api_key,
+                "User-Agent": USER_AGENT,
+            },
             timeout=httpx.Timeout(timeout, connect=connect_timeout),
             limits=httpx.Limits(
                 max_connections=max_connections, max_keepalive_connections=max_connections
@@ -379,56 +388,170 @@ class PlatformClient:
 
 
 class TrainerClient:
-    """Tinker-style data-plane calls to one trainer. A ``404`` is raised as
-    :class:`~shepherd.platform.errors.RouteNotFound`: ask the control plane what it means."""
+    """The Tinker API of one trainer, JSON dialect (trainer-api.md §4): what hosted
+    trainers speak. Operations that go through a model's ordered sequence are submitted
+    with an explicit ``seq_id`` and return a future; :meth:`result` waits for it.
+
+    A ``404`` is raised as :class:`~shepherd.platform.errors.RouteNotFound`: ask the
+    control plane what it means (§5). Nothing is retried here: a re-sent operation keeps
+    its ``seq_id``, and the trainer dedupes on ``(model_id, seq_id)``.
+    """
 
     def __init__(self, transport: JsonTransport, base_url: str) -> None:
         self._t = transport
         self.base_url = base_url
 
-    async def _call(self, path: str, body: Any = None, *, timeout: float | None = None) -> Any:
+    async def _post(self, path: str, body: Any, *, timeout: float | None = None) -> Any:
         return await self._t.request(
             "POST",
             f"{self.base_url}/api/v1/{path}",
-            json_body=body if body is not None else {},
+            json_body=body,
             data_plane=True,
             timeout=timeout,
         )
 
-    async def healthz(self) -> bool:
-        await self._t.request("GET", f"{self.base_url}/api/v1/healthz", data_plane=True)
+    # ------------------------------------------------------------- direct calls
+
+    async def healthz(self, *, timeout: float | None = None) -> bool:
+        await self._t.request(
+            "GET", f"{self.base_url}/api/v1/healthz", data_plane=True, timeout=timeout
+        )
         return True
 
-    async def get_info(self) -> GetInfoResponse:
-        return GetInfoResponse.model_validate(await self._call("get_info"))
-
-    async def forward_backward(
-        self, request: ForwardBackwardRequest, *, timeout: float | None = None
-    ) -> ForwardBackwardResponse:
-        return ForwardBackwardResponse.model_validate(
-            await self._call("forward_backward", request.wire(), timeout=timeout)
+    async def create_session(
+        self, *, tags: list[str] | None = None, user_metadata: dict[str, Any] | None = None
+    ) -> str:
+        body = await self._post(
+            "create_session",
+            {
+                "tags": tags or [],
+                "user_metadata": user_metadata or {},
+                "sdk_version": USER_AGENT,
+                "type": "create_session",
+            },
         )
+        return str(body["session_id"])
 
-    async def optim_step(
-        self, request: OptimStepRequest, *, timeout: float | None = None
-    ) -> OptimStepResponse:
-        return OptimStepResponse.model_validate(
-            await self._call("optim_step", request.wire(), timeout=timeout)
+    async def get_info(self, model_id: str) -> TrainerModelInfo:
+        body = await self._post("get_info", {"model_id": model_id, "type": "get_info"})
+        return TrainerModelInfo.model_validate(body)
+
+    async def create_sampling_session(
+        self,
+        session_id: str,
+        sampling_session_seq_id: int,
+        *,
+        model_path: str | None = None,
+        base_model: str | None = None,
+    ) -> str:
+        body = await self._post(
+            "create_sampling_session",
+            {
+                "session_id": session_id,
+                "sampling_session_seq_id": sampling_session_seq_id,
+                "model_path": model_path,
+                "base_model": base_model,
+                "type": "create_sampling_session",
+            },
         )
+        return str(body["sampling_session_id"])
 
-    async def save_weights(self, name: str, *, kind: str | None = None) -> SaveWeightsResponse:
-        body: dict[str, Any] = {"name": name}
-        if kind:
-            body["kind"] = kind
-        return SaveWeightsResponse.model_validate(await self._call("save_weights", body))
+    # ----------------------------------------------------------------- futures
 
-    async def load_weights(self, name: str) -> LoadWeightsResponse:
-        return LoadWeightsResponse.model_validate(await self._call("load_weights", {"name": name}))
+    async def submit(self, op: str, body: dict[str, Any], *, timeout: float | None = None) -> str:
+        """Submit one operation; returns the future's request id (accepted, not done)."""
+        answer = await self._post(op, body, timeout=timeout)
+        request_id = answer.get("request_id") if isinstance(answer, dict) else None
+        if not isinstance(request_id, str | int):
+            raise InternalError(
+                f"{op}: the trainer answered without a request_id", method="POST", url=op
+            )
+        return str(request_id)
 
-    async def list_checkpoints(self) -> list[Checkpoint]:
-        return TrainerCheckpointList.model_validate(
-            await self._call("list_checkpoints")
-        ).checkpoints
+    async def result(self, request_id: str, *, timeout: float) -> dict[str, Any]:
+        """Wait for a future's result. The trainer holds each poll open and answers
+        ``try_again`` (or 408) while the work is pending; this is waiting, not retrying,
+        so it happens here, bounded by ``timeout`` seconds overall."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RequestTimeout(
+                    f"future {request_id} not done within {timeout:.0f}s",
+                    method="POST",
+                    url="retrieve_future",
+                )
+            try:
+                body = await self._post(
+                    "retrieve_future",
+                    {"request_id": request_id},
+                    timeout=min(left, FUTURE_POLL_TIMEOUT_S),
+                )
+            except RequestTimeout:
+                continue  # a held poll that ran out (408 or our own timeout): ask again
+            except PlatformError as exc:
+                if exc.status_code == 410:
+                    raise FutureExpired(
+                        f"future {request_id} expired on the trainer",
+                        status_code=410,
+                        method="POST",
+                        url="retrieve_future",
+                    ) from None
+                raise
+            if not isinstance(body, dict):
+                raise InternalError(f"future {request_id}: unexpected answer {body!r}"[:300])
+            if body.get("type") == "try_again":
+                continue
+            if "error" in body and "category" in body:
+                raise future_failed(request_id, body)
+            return body
 
-    async def evaluate(self, **options: Any) -> EvaluateResponse:
-        return EvaluateResponse.model_validate(await self._call("evaluate", options))
+    async def call(self, op: str, body: dict[str, Any], *, timeout: float) -> dict[str, Any]:
+        """Submit and wait: one sequenced operation end to end."""
+        return await self.result(await self.submit(op, body), timeout=timeout)
+
+    async def create_model(
+        self,
+        session_id: str,
+        model_seq_id: int,
+        base_model: str,
+        lora_rank: int,
+        *,
+        seed: int | None = None,
+        timeout: float,
+    ) -> str:
+        """A new model; ``lora_rank`` 0 is full-parameter training."""
+        body: dict[str, Any] = {
+            "session_id": session_id,
+            "model_seq_id": model_seq_id,
+            "base_model": base_model,
+            "type": "create_model",
+        }
+        if lora_rank:
+            body["lora_config"] = {
+                "rank": lora_rank,
+                **({"seed": seed} if seed is not None else {}),
+            }
+        return str((await self.call("create_model", body, timeout=timeout))["model_id"])
+
+    async def load_into_new_model(
+        self,
+        session_id: str,
+        model_seq_id: int,
+        path: str,
+        *,
+        optimizer: bool = True,
+        timeout: float,
+    ) -> dict[str, Any]:
+        """Create a model from a checkpoint (``load_weights`` in session mode)."""
+        return await self.call(
+            "load_weights",
+            {
+                "session_id": session_id,
+                "model_seq_id": model_seq_id,
+                "path": path,
+                "optimizer": optimizer,
+                "type": "load_weights",
+            },
+            timeout=timeout,
+        )

@@ -127,6 +127,36 @@ class RequestTimeout(PlatformError):
     retryable = True
 
 
+class FutureExpired(PlatformError):
+    """410 on ``retrieve_future``: the trainer no longer holds that result."""
+
+    grpc_status = "NOT_FOUND"
+
+
+class FutureFailed(PlatformError):
+    """A future that finished with a *user* error (200 ``{"error", "category": "user"}``,
+    §4): the request itself is wrong, so sending it again cannot help."""
+
+    grpc_status = "INVALID_ARGUMENT"
+
+
+class FutureServerError(FutureFailed):
+    """A future that finished with a *server* error: the same request may succeed later."""
+
+    grpc_status = "INTERNAL"
+    retryable = True
+
+
+def future_failed(request_id: str, body: dict[str, Any]) -> FutureFailed:
+    category = str(body.get("category") or "server")
+    cls = FutureFailed if category == "user" else FutureServerError
+    return cls(
+        f"the trainer failed request {request_id}: {body.get('error')}"[:2000],
+        method="POST",
+        url="retrieve_future",
+    )
+
+
 _BY_STATUS_NAME: dict[str, type[PlatformError]] = {
     "INVALID_ARGUMENT": InvalidArgument,
     "FAILED_PRECONDITION": FailedPrecondition,

@@ -223,59 +223,20 @@ class JobEvent(WireModel):
 # ----------------------------------------------------------------------------- data plane
 
 
-class GetInfoResponse(DataPlaneModel):
+class ModelData(DataPlaneModel):
+    model_name: str | None = None
+    #: What ``get_tokenizer()`` loads: a Hugging Face id, or a local directory.
+    tokenizer_id: str | None = None
+
+
+class TrainerModelInfo(DataPlaneModel):
+    """``get_info`` of one model on a trainer. localplane adds fields for tests
+    (``weights_digest``, ``optim_steps``), which clients must not rely on."""
+
     model_id: str
-    base_model: str
-    lora_rank: int
-    step: int
-    max_context_length: int
+    model_data: ModelData = Field(default_factory=ModelData)
+    model_name: str | None = None
+    is_lora: bool | None = None
+    lora_rank: int | None = None
     weights_digest: str | None = None
-
-
-class AdamParams(DataPlaneModel):
-    learning_rate: float | None = None
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-
-
-class ForwardBackwardRequest(DataPlaneModel):
-    step: int
-    micro_batch: int = 0
-    batch: dict[str, Any] = Field(default_factory=dict)
-
-
-class ForwardBackwardResponse(DataPlaneModel):
-    loss: float
-    step: int | None = None
-    micro_batch: int | None = None
-    num_examples: int | None = None
-
-
-class OptimStepRequest(DataPlaneModel):
-    step: int
-    adam_params: AdamParams = Field(default_factory=AdamParams)
-
-
-class OptimStepResponse(DataPlaneModel):
-    step: int
-    metrics: dict[str, float] = Field(default_factory=dict)
-
-
-class SaveWeightsResponse(DataPlaneModel):
-    name: str
-    step: int
-
-
-class LoadWeightsResponse(DataPlaneModel):
-    name: str
-    step: int
-
-
-class TrainerCheckpointList(DataPlaneModel):
-    checkpoints: list[Checkpoint] = Field(default_factory=list)
-
-
-class EvaluateResponse(DataPlaneModel):
-    eval_loss: float
-    step: int
+    optim_steps: int | None = None

@@ -21,16 +21,16 @@ from shepherd.platform import (
     InvalidArgument,
     NotFound,
     PlatformClient,
-    TrainerClient,
 )
 from shepherd.platform.models import Checkpoint, ShapeSnapshot
 from shepherd.states import JobState
 from tests.helpers import (
     BASE_MODEL,
     Account,
+    Trainer,
+    gateway_api,
     job_request,
     running_trainer,
-    train_steps,
     wait_state,
     warm,
 )
@@ -48,7 +48,7 @@ class Trained:
     """A RUNNING LoRA job with checkpoints ``step-1`` … ``step-5``, one per step."""
 
     account: Account
-    trainer: TrainerClient
+    trainer: Trainer
     job_id: str = "trained"
     steps: int = 5
 
@@ -64,12 +64,18 @@ async def trained(plane: PlaneProcess) -> AsyncIterator[Trained]:
     async with PlaneAdmin(plane.url, plane.admin_key) as admin:
         account_id, key = await admin.create_account()
     async with PlatformClient(plane.url, key) as client:
-        trainer = await running_trainer(client, "trained", training_config={"lora_rank": LORA_RANK})
-        found = Trained(Account(account_id, key, client), trainer)
+        account = Account(account_id, key, client)
+        trainer = await running_trainer(
+            account, "trained", training_config={"lora_rank": LORA_RANK}
+        )
+        found = Trained(account, trainer)
         for step in range(1, found.steps + 1):
-            await train_steps(trainer, step, step)
-            await trainer.save_weights(f"step-{step}")
+            await trainer.model.train(step, step)
+            # Both kinds under one name (as the Tinker cookbook saves): resumable and promotable.
+            await trainer.model.save(f"step-{step}")
+            await trainer.model.save_for_sampler(f"step-{step}")
         yield found
+        await trainer.api.aclose()
         await client.delete_job(found.job_id)
         await wait_state(client, found.job_id, JobState.DELETED)
 
@@ -306,9 +312,9 @@ async def test_resume_starts_a_fresh_trainer_for_the_same_id(
         JobState.RUNNING,
     )
     await wait_state(account.client, "comeback", JobState.RUNNING)
-    trainer = await account.client.trainer("comeback")
-    await warm(trainer)  # the new route serves, once the route race settles
-    assert (await trainer.get_info()).base_model == BASE_MODEL
+    async with gateway_api(account, "comeback") as api:
+        await warm(api)  # the new route serves, once the route race settles
+        assert (await api.healthz())["status"] == "ok"
 
     second = await admin.job("comeback", account=account.id)
     assert second["trainer"]["pid"] != first["trainer"]["pid"]
@@ -329,7 +335,9 @@ async def test_checkpoints_are_listed_oldest_first_across_pages(trained: Trained
         trained.checkpoint_name(f"step-{n}") for n in range(1, trained.steps + 1)
     ]
     assert [c.step for c in checkpoints] == list(range(1, trained.steps + 1))
-    assert all(c.promotable and c.checkpoint_type == "CHECKPOINT_TYPE_BOTH" for c in checkpoints)
+    assert all(
+        c.promotable and c.checkpoint_type == "CHECKPOINT_TYPE_INFERENCE_LORA" for c in checkpoints
+    )
     times = [c.create_time for c in checkpoints]
     assert None not in times and times == sorted(times)  # type: ignore[type-var]
 
@@ -341,7 +349,7 @@ async def test_checkpoints_are_listed_oldest_first_across_pages(trained: Trained
 
 async def test_delete_checkpoint_extension(trained: Trained) -> None:
     client = trained.account.client
-    await trained.trainer.save_weights("scratch")
+    await trained.trainer.model.save("scratch")
     assert trained.checkpoint_name("scratch") in [
         c.name async for c in client.iter_checkpoints("trained")
     ]
@@ -359,20 +367,22 @@ async def test_delete_checkpoint_extension(trained: Trained) -> None:
 
 
 async def test_checkpoints_outlive_their_job_and_stay_promotable(account: Account) -> None:
-    trainer = await running_trainer(account.client, "doomed")
-    await train_steps(trainer, 1, 2)
-    saved = await trainer.save_weights("final")
+    trainer = await running_trainer(account, "doomed")
+    await trainer.model.train(1, 2)
+    await trainer.model.save_for_sampler("final")
+    await trainer.api.aclose()
+    saved_name = f"accounts/{account.id}/rlorTrainerJobs/doomed/checkpoints/final"
     await account.client.delete_job("doomed")
     await wait_state(account.client, "doomed", JobState.DELETED)
 
     listed = [c async for c in account.client.iter_checkpoints("doomed")]
-    assert [(c.name, c.step) for c in listed] == [(saved.name, 2)]
+    assert [(c.name, c.step) for c in listed] == [(saved_name, 2)]
 
     answer = await account.client.promote_checkpoint(
         "final", job_id="doomed", output_model_id="after-delete"
     )
     assert answer.model is not None
-    assert (answer.model.state, answer.model.checkpoint) == ("READY", saved.name)
+    assert (answer.model.state, answer.model.checkpoint) == ("READY", saved_name)
     assert (await account.client.get_model("after-delete")).state == "READY"
 
 

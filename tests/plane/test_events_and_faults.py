@@ -19,7 +19,7 @@ import pytest
 
 from localplane.admin import PlaneAdmin
 from localplane.process import PlaneProcess
-from shepherd.platform import PlatformClient, RouteNotFound
+from shepherd.platform import PlatformClient
 from shepherd.platform.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -28,7 +28,7 @@ from shepherd.platform.errors import (
     NotFound,
     Unavailable,
 )
-from shepherd.platform.models import ForwardBackwardRequest, JobEvent
+from shepherd.platform.models import JobEvent
 from shepherd.platform.webhooks import (
     EVENT_ID_HEADER,
     SIGNATURE_HEADER,
@@ -36,7 +36,8 @@ from shepherd.platform.webhooks import (
     verify,
 )
 from shepherd.states import JobState
-from tests.helpers import Account, job_request, running_trainer, wait_state, warm
+from tests.helpers import Account, gateway_api, job_request, running_trainer, wait_state, warm
+from tests.tinker_http import TrainerHTTPError, batch
 
 #: Bound on every wait for the plane: generous, so a slow machine never fails a test.
 WAIT_S = 30.0
@@ -419,19 +420,20 @@ async def test_outage_window_answers_503_then_recovers(
 
 async def test_gateway_404_rate_on_a_warm_route(account: Account, faults: PlaneAdmin) -> None:
     client, job = account.client, "flaky-gateway"
-    trainer = await running_trainer(client, job)
+    trainer = await running_trainer(account, job)
+    model = trainer.model
     before = await faults.job_stats(job_name(account, job))
 
     await faults.set_faults(gateway404Rate=1.0)
     calls: list[Callable[[], Awaitable[Any]]] = [
-        trainer.get_info,
-        trainer.healthz,
-        lambda: trainer.forward_backward(ForwardBackwardRequest(step=1, micro_batch=0)),
+        model.info,
+        trainer.api.healthz,
+        lambda: model.submit("forward_backward", model.fwdbwd_body(batch(1)), seq_id=1),
     ]
     for call in calls:
-        with pytest.raises(RouteNotFound) as caught:
+        with pytest.raises(TrainerHTTPError) as caught:
             await call()
-        assert caught.value.status_code == 404
+        assert caught.value.status == 404
     # The control plane still says RUNNING: this 404 is the gateway's, not a gone job.
     assert (await client.get_job(job)).state is R
     after = await faults.job_stats(job_name(account, job))
@@ -439,7 +441,8 @@ async def test_gateway_404_rate_on_a_warm_route(account: Account, faults: PlaneA
 
     await faults.set_faults(gateway404Rate=0.0)
     for _ in range(3):
-        assert (await trainer.get_info()).step == 0
+        assert (await model.info())["optim_steps"] == 0  # nothing reached the trainer
+    await trainer.api.aclose()
 
     await client.delete_job(job)
     await wait_state(client, job, DD)
@@ -451,14 +454,14 @@ async def test_route_race_after_running(account: Account, faults: PlaneAdmin) ->
     await faults.set_faults(routeLagSeconds={"min": 1.0, "max": 2.0})
     await client.create_job(job, job_request())
     await wait_state(client, job, R)
-    trainer = await client.trainer(job)
+    api = gateway_api(account, job)
 
-    with pytest.raises(RouteNotFound):
-        await trainer.get_info()
+    assert (await api.raw("healthz", method="GET")).status_code == 404
     assert (await client.get_job(job)).state is R  # healthy job, unknown route: the race
-    seen = 1 + await warm(trainer, probes=3, timeout=10)  # bounded, not a timing assertion
+    seen = 1 + await warm(api, probes=3, timeout=10)  # bounded, not a timing assertion
     for _ in range(5):  # once every replica knows the route, it stays known
-        await trainer.get_info()
+        await api.healthz()
+    await api.aclose()
 
     stats = await faults.job_stats(job_name(account, job))
     assert stats["route404s"] == seen > 0

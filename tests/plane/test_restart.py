@@ -13,7 +13,15 @@ from localplane.admin import PlaneAdmin
 from localplane.process import PlaneProcess
 from shepherd.platform import PlatformClient
 from shepherd.states import JobState
-from tests.helpers import job_request, running_trainer, train_steps, trainer_pids, wait_state, warm
+from tests.helpers import (
+    Account,
+    gateway_api,
+    job_request,
+    running_trainer,
+    trainer_pids,
+    wait_state,
+    warm,
+)
 
 CONFIG = {"routeLagSeconds": {"min": 0.0, "max": 0.2}, "capacity": 2}
 
@@ -29,15 +37,20 @@ async def test_restart_mid_training_loses_nothing(tmp_path: Path, kill: bool) ->
     plane = PlaneProcess(tmp_path / "plane", config=CONFIG).start()
     try:
         async with PlatformClient(plane.url, plane.api_key) as client:
+            account = Account("dev", plane.api_key, client)
             # A reference run that is never interrupted.
-            ref = await running_trainer(client, "reference")
-            await train_steps(ref, 1, 8)
-            expected = (await ref.get_info()).weights_digest
+            ref = await running_trainer(account, "reference")
+            await ref.model.train(1, 8)
+            expected = (await ref.info())["weights_digest"]
+            await ref.api.aclose()
             await client.delete_job("reference")
 
-            trainer = await running_trainer(client, "victim")
-            await train_steps(trainer, 1, 4)
-            saved = await trainer.save_weights("step-4")
+            trainer = await running_trainer(account, "victim")
+            await trainer.model.train(1, 4)
+            await trainer.model.save("step-4")
+            await trainer.model.save_for_sampler("step-4")  # promotable too
+            await trainer.api.aclose()
+            saved_name = "accounts/dev/rlorTrainerJobs/victim/checkpoints/step-4"
             await client.promote_checkpoint("step-4", job_id="victim", output_model_id="victim-4")
             # Capacity 2, one slot taken: this one runs, the next waits in the queue.
             await client.create_job("bystander", job_request())
@@ -61,20 +74,22 @@ async def test_restart_mid_training_loses_nothing(tmp_path: Path, kill: bool) ->
             assert queued.state is JobState.RUNNING
 
             assert [c.name for c in (await client.list_checkpoints("victim")).checkpoints] == [
-                saved.name
+                saved_name
             ]
             model = await client.get_model("victim-4")
-            assert model.state == "READY" and model.checkpoint == saved.name
+            assert model.state == "READY" and model.checkpoint == saved_name
             # Events persist: a watcher resuming from an old id sees the restart transitions.
             after = [e async for e in _events(client, last=events_before[-1].id)]
             assert any(e.job_id == "victim" and e.state is JobState.FAILED for e in after)
 
             await client.resume_job("victim")
             await wait_state(client, "victim", JobState.RUNNING)
-            await warm(trainer := await client.trainer("victim"))
-            assert (await trainer.load_weights(saved.name)).step == 4
-            await train_steps(trainer, 5, 8)
-            assert (await trainer.get_info()).weights_digest == expected
+            async with gateway_api(Account("dev", plane.api_key, client), "victim") as api:
+                await warm(api)
+                resumed = await api.load_new_model(await api.session(), 0, "step-4")
+                assert (await resumed.info())["optim_steps"] == 4
+                await resumed.train(5, 8)
+                assert (await resumed.info())["weights_digest"] == expected
 
             async with PlaneAdmin(plane.url, plane.admin_key) as admin:
                 stats = await admin.stats()

@@ -7,10 +7,18 @@ from __future__ import annotations
 import pytest
 
 from localplane.admin import PlaneAdmin
-from shepherd.platform import FailedPrecondition, RouteNotFound
-from shepherd.platform.models import ForwardBackwardRequest
+from shepherd.platform import FailedPrecondition
 from shepherd.states import JobState
-from tests.helpers import Account, job_request, running_trainer, train_steps, wait_state, warm
+from tests.helpers import (
+    BASE_MODEL,
+    Account,
+    job_request,
+    running_trainer,
+    train_steps,
+    wait_state,
+    warm,
+)
+from tests.tinker_http import TrainerHTTPError
 
 
 async def _stop_into(admin: PlaneAdmin, account: Account, job: str, state: JobState) -> str:
@@ -34,7 +42,7 @@ async def test_resume_from_each_resumable_state(
     account: Account, admin: PlaneAdmin, state: JobState
 ) -> None:
     job = f"resume-{state.short.lower()}"
-    await running_trainer(account.client, job)
+    await running_trainer(account, job)
     before = await admin.job(job, account=account.id)
     message = await _stop_into(admin, account, job, state)
     assert message
@@ -59,8 +67,8 @@ async def test_resume_from_each_resumable_state(
 
 async def test_idle_after_inactivity_timeout_then_resume(account: Account) -> None:
     # Health probes do not count as activity; the trainer stops itself and the job turns IDLE.
-    trainer = await running_trainer(account.client, "idle", inactivity_timeout="1s")
-    await trainer.healthz()
+    trainer = await running_trainer(account, "idle", inactivity_timeout="1s")
+    await trainer.api.healthz()
     job = await wait_state(account.client, "idle", JobState.IDLE, JobState.FAILED, timeout=20)
     assert job.state is JobState.IDLE
     assert "inactivity" in job.status.message
@@ -72,7 +80,7 @@ async def test_idle_after_inactivity_timeout_then_resume(account: Account) -> No
 async def test_resume_refused_outside_resumable_states(
     account: Account, faults: PlaneAdmin
 ) -> None:
-    await running_trainer(account.client, "busy")
+    await (await running_trainer(account, "busy")).api.aclose()
     with pytest.raises(FailedPrecondition) as running:
         await account.client.resume_job("busy")
     assert running.value.status_code == 400
@@ -99,7 +107,7 @@ async def test_resume_refused_outside_resumable_states(
 
 
 async def test_delete_twice_and_delete_while_pending(account: Account, faults: PlaneAdmin) -> None:
-    await running_trainer(account.client, "twice")
+    await running_trainer(account, "twice")
     first = await account.client.delete_job("twice")
     assert first is not None and first.state in (JobState.DELETING, JobState.DELETED)
     second = await account.client.delete_job("twice")
@@ -123,7 +131,7 @@ async def test_preempt_resume_new_route_with_observable_race(
     account: Account, faults: PlaneAdmin
 ) -> None:
     name = f"accounts/{account.id}/rlorTrainerJobs/spot"
-    trainer = await running_trainer(account.client, "spot")
+    trainer = await running_trainer(account, "spot")
     await train_steps(trainer, 1, 2)
     old_route = (await faults.job("spot", account=account.id))["route"]
 
@@ -131,26 +139,35 @@ async def test_preempt_resume_new_route_with_observable_race(
     failed = await wait_state(account.client, "spot", JobState.FAILED)
     assert "preempt" in failed.status.message
     # The dead trainer's route answers 404 — as does any unknown route.
-    with pytest.raises(RouteNotFound):
-        await trainer.get_info()
+    with pytest.raises(TrainerHTTPError) as dead:
+        await trainer.info()
+    assert dead.value.status == 404
 
     # Every replica learns the new route late: the race must be observable after the resume.
     await faults.set_faults(routeLagSeconds={"min": 0.5, "max": 1.5})
     before_404s = (await faults.job_stats(name)).get("route404s", 0)
     await account.client.resume_job("spot")
     await wait_state(account.client, "spot", JobState.RUNNING)
-    with pytest.raises(RouteNotFound):
-        await trainer.get_info()
-    seen = await warm(trainer)
+    with pytest.raises(TrainerHTTPError) as racing:
+        await trainer.info()
+    assert racing.value.status == 404
+    seen = await warm(trainer.api)
     assert seen >= 1
     new_route = (await faults.job("spot", account=account.id))["route"]
     assert new_route["url"] != old_route["url"]
     assert new_route["generation"] == old_route["generation"] + 1
     assert (await faults.job_stats(name))["route404s"] > before_404s
 
-    # The new trainer starts from scratch: step 0 until a checkpoint is loaded.
-    assert (await trainer.get_info()).step == 0
-    await trainer.forward_backward(ForwardBackwardRequest(step=1))
+    # The new trainer starts from scratch: the old model is gone (not a 404: the route
+    # is there), a new session and model train from the base weights.
+    with pytest.raises(TrainerHTTPError) as lost:
+        await trainer.info()
+    assert lost.value.status == 400 and "not on this trainer" in lost.value.message
+    session = await trainer.api.session()
+    model = await trainer.api.create_model(session, 0, BASE_MODEL)
+    assert (await model.info())["optim_steps"] == 0
+    await model.train(1, 1)
+    await trainer.api.aclose()
     await account.client.delete_job("spot")
 
 

@@ -1,6 +1,7 @@
 """A client written only from trainer-api.md — raw httpx, none of Shepherd's code — does the
 whole life of a job against localplane: create, wait for RUNNING and a healthy route, train,
-checkpoint, survive a preemption through resume + load, promote, delete.
+checkpoint, survive a preemption through resume + load, promote, delete. The data plane is
+the Tinker API's JSON dialect: futures, seq_ids, retrieve_future.
 
 This is what "third-party clients of the hosted service work against localplane unchanged"
 means in practice: if this test needs a localplane-specific call other than the admin
@@ -22,9 +23,7 @@ class ThirdPartyClient:
     """What a careful user of the hosted service would write from the contract."""
 
     def __init__(self, base_url: str, api_key: str) -> None:
-        self.http = httpx.AsyncClient(
-            base_url=base_url, headers={"Authorization": f"Bearer {api_key}"}, timeout=30
-        )
+        self.http = httpx.AsyncClient(base_url=base_url, headers={"X-Api-Key": api_key}, timeout=30)
         self.account = ""
 
     async def call(self, method: str, path: str, **kw: Any) -> httpx.Response:
@@ -67,11 +66,48 @@ class ThirdPartyClient:
             await asyncio.sleep(0.1)  # the route race: bounded retries
         raise AssertionError("route never became reachable")
 
+    async def future(self, job: str, call: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Submit an operation, then wait for its future's result."""
+        ticket = await self.train_call(job, call, body)
+        async with asyncio.timeout(30):
+            while True:
+                result = await self.train_call(
+                    job, "retrieve_future", {"request_id": ticket["request_id"]}
+                )
+                if result.get("type") != "try_again":
+                    assert "error" not in result, result
+                    return result
+
+    async def step(self, job: str, model_id: str, seq_id: int) -> float:
+        """One training step: forward_backward on a fixed text, then optim_step."""
+        tokens = list(b"the contract is the client. ")
+        datum = {
+            "model_input": {"chunks": [{"type": "encoded_text", "tokens": tokens[:-1]}]},
+            "loss_fn_inputs": {
+                "target_tokens": {"data": tokens[1:], "dtype": "int64", "shape": [len(tokens) - 1]}
+            },
+        }
+        fwd = await self.future(
+            job,
+            "forward_backward",
+            {
+                "model_id": model_id,
+                "seq_id": seq_id,
+                "forward_backward_input": {"data": [datum], "loss_fn": "cross_entropy"},
+            },
+        )
+        await self.future(
+            job,
+            "optim_step",
+            {"model_id": model_id, "seq_id": seq_id + 1, "adam_params": {"learning_rate": 3e-3}},
+        )
+        return float(fwd["metrics"]["loss:sum"])
+
     async def warm_up(self, job: str, probes: int = 3) -> None:
         good = 0
         async with asyncio.timeout(30):
             while good < probes:
-                response = await self.call("POST", self.data(job, "get_info"), json={})
+                response = await self.call("GET", self.data(job, "healthz"))
                 if response.status_code == 404:
                     good = 0
                     await asyncio.sleep(0.05)
@@ -125,22 +161,31 @@ async def test_whole_life_from_the_contract_alone(tmp_path: Any) -> None:
 
             await c.poll_state("tp-1", {"JOB_STATE_RUNNING"})
             await c.warm_up("tp-1")
-            for step in range(1, 4):
-                await c.train_call(
-                    "tp-1", "forward_backward", {"step": step, "micro_batch": 0, "batch": {}}
+            session = (await c.train_call("tp-1", "create_session", {"tags": []}))["session_id"]
+            model_id = (
+                await c.future(
+                    "tp-1",
+                    "create_model",
+                    {
+                        "session_id": session,
+                        "model_seq_id": 0,
+                        "base_model": body["trainingConfig"]["baseModel"],
+                        "lora_config": {"rank": 0},
+                    },
                 )
-                await c.train_call(
-                    "tp-1", "optim_step", {"step": step, "adam_params": {"learning_rate": 3e-3}}
-                )
-            saved = await c.train_call("tp-1", "save_weights", {"name": "step-3"})
+            )["model_id"]
+            losses = [await c.step("tp-1", model_id, 2 * s - 1) for s in range(1, 4)]
+            assert losses[-1] < losses[0]
+            saved = await c.future(
+                "tp-1", "save_weights", {"model_id": model_id, "seq_id": 7, "path": "step-3"}
+            )
+            assert saved["path"].startswith("tinker://")
 
             async with PlaneAdmin(plane.url, plane.admin_key) as admin:
                 await admin.preempt("tp-1")
             # The next call finds the trainer gone; the control plane says why.
             with pytest.raises(JobGone):
-                await c.train_call(
-                    "tp-1", "forward_backward", {"step": 4, "micro_batch": 0, "batch": {}}
-                )
+                await c.step("tp-1", model_id, 8)
             failed = await c.poll_state("tp-1", {"JOB_STATE_FAILED"})
             assert "preempt" in failed["status"]["message"]
 
@@ -148,16 +193,28 @@ async def test_whole_life_from_the_contract_alone(tmp_path: Any) -> None:
             assert resumed["state"] in ("JOB_STATE_PENDING", "JOB_STATE_CREATING")
             await c.poll_state("tp-1", {"JOB_STATE_RUNNING"})
             await c.warm_up("tp-1")
-            loaded = await c.train_call("tp-1", "load_weights", {"name": saved["name"]})
-            assert loaded["step"] == 3
-            await c.train_call(
-                "tp-1", "forward_backward", {"step": 4, "micro_batch": 0, "batch": {}}
+            # A new trainer: a new session, and the checkpoint by name into a new model.
+            session = (await c.train_call("tp-1", "create_session", {"tags": []}))["session_id"]
+            loaded = await c.future(
+                "tp-1",
+                "load_weights",
+                {"session_id": session, "model_seq_id": 0, "path": "step-3", "optimizer": True},
             )
-            await c.train_call("tp-1", "optim_step", {"step": 4})
-            final = await c.train_call("tp-1", "save_weights", {"name": "step-4"})
+            model_id = loaded["model_id"]
+            await c.step("tp-1", model_id, 1)
+            await c.future(
+                "tp-1",
+                "save_weights_for_sampler",
+                {"model_id": model_id, "seq_id": 3, "path": "step-4"},
+            )
 
             listed = await c.ok("GET", f"{c.jobs('tp-1')}/checkpoints")
-            assert [ck["name"] for ck in listed["checkpoints"]] == [saved["name"], final["name"]]
+            names = [
+                f"accounts/{c.account}/rlorTrainerJobs/tp-1/checkpoints/{n}"
+                for n in ("step-3", "step-4")
+            ]
+            assert [ck["name"] for ck in listed["checkpoints"]] == names
+            assert [ck["promotable"] for ck in listed["checkpoints"]] == [False, True]
 
             promoted = await c.ok(
                 "POST",
@@ -176,7 +233,7 @@ async def test_whole_life_from_the_contract_alone(tmp_path: Any) -> None:
                     operation = await c.ok("GET", f"/v1/{operation['name']}")
             assert operation["response"]["name"] == f"accounts/{c.account}/models/tp-model"
             model = await c.ok("GET", f"/v1/accounts/{c.account}/models/tp-model")
-            assert model["state"] == "READY" and model["checkpoint"] == final["name"]
+            assert model["state"] == "READY" and model["checkpoint"] == names[1]
 
             await c.ok("DELETE", c.jobs("tp-1"))
             tombstone = await c.poll_state("tp-1", {"JOB_STATE_DELETED"})

@@ -1,224 +1,336 @@
-"""Training is real (trainer-api.md §4): exactly-once steps, idempotent micro-batches,
-atomic checkpoints, and bit-identical weights whether or not the trainer was killed and
-restored from a checkpoint on the way."""
+"""The trainer's Tinker API, JSON dialect, end to end through the gateway (trainer-api.md §4):
+pipelined futures, strict seq_id order, exactly-once, real and reproducible training,
+checkpoints on both planes, sampling, auth (§1) and the plane's data-plane counters.
+
+Driven with raw HTTP (tests/tinker_http.py): what is checked is the wire contract."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+import asyncio
+import time
 
+import httpx
 import pytest
 
 from localplane.admin import PlaneAdmin
-from shepherd.platform import AlreadyExists, FailedPrecondition, InvalidArgument, PermissionDenied
-from shepherd.platform.models import ForwardBackwardRequest, OptimStepRequest
+from localplane.trainer import lm
+from shepherd.platform import FailedPrecondition
 from shepherd.states import JobState
-from tests.helpers import Account, running_trainer, train_steps, wait_state, warm
+from tests.helpers import (
+    BASE_MODEL,
+    Account,
+    gateway_api,
+    running_trainer,
+    wait_state,
+    warm,
+)
+from tests.tinker_http import FutureFailed, Model, TinkerHTTP, TrainerHTTPError, batch, datum
 
-N, K = 12, 5
-
-
-async def test_kill_and_restore_gives_identical_weights(
-    account: Account, admin: PlaneAdmin
-) -> None:
-    straight = await running_trainer(account.client, "straight")
-    await train_steps(straight, 1, N, micro_batches=2)
-    expected = (await straight.get_info()).weights_digest
-
-    restored = await running_trainer(account.client, "restored")
-    await train_steps(restored, 1, K, micro_batches=2)
-    saved = await restored.save_weights(f"step-{K}")
-    assert saved.step == K
-    await admin.preempt("restored", account=account.id)
-    await wait_state(account.client, "restored", JobState.FAILED)
-    await account.client.resume_job("restored")
-    await wait_state(account.client, "restored", JobState.RUNNING)
-    await warm(restored)
-    loaded = await restored.load_weights(saved.name)
-    assert loaded.step == K
-    await train_steps(restored, K + 1, N, micro_batches=2)
-
-    info = await restored.get_info()
-    assert info.step == N
-    assert info.weights_digest == expected
-    for job in ("straight", "restored"):
-        await account.client.delete_job(job)
+N, K = 8, 4
+#: Short waits so try_again and sequence gaps show within a test.
+QUICK = {"extra_args": ["--retrieve-hold-seconds=0.3", "--seq-gap-timeout-seconds=1.5"]}
 
 
-async def test_optim_step_is_exactly_once(account: Account) -> None:
-    trainer = await running_trainer(account.client, "once")
-    await train_steps(trainer, 1, 3)
-    digest = (await trainer.get_info()).weights_digest
-    again = await trainer.optim_step(OptimStepRequest(step=3))
-    first = await trainer.optim_step(OptimStepRequest(step=2))
-    assert again.step == 3 and first.step == 2
-    info = await trainer.get_info()
-    assert info.step == 3 and info.weights_digest == digest
-
-    with pytest.raises(FailedPrecondition) as gap:
-        await trainer.optim_step(OptimStepRequest(step=5))
-    assert gap.value.status_code == 409 and "step 3" in gap.value.message
-    with pytest.raises(FailedPrecondition) as nothing:
-        await trainer.optim_step(OptimStepRequest(step=4))
-    assert "no forward_backward" in nothing.value.message
-    with pytest.raises(FailedPrecondition) as stale:
-        await trainer.forward_backward(ForwardBackwardRequest(step=2))
-    assert stale.value.status_code == 409 and "already applied" in stale.value.message
-    await account.client.delete_job("once")
-
-
-async def test_forward_backward_is_idempotent_per_micro_batch(account: Account) -> None:
-    plain = await running_trainer(account.client, "plain")
-    await train_steps(plain, 1, 2, micro_batches=2)
-
-    repeated = await running_trainer(account.client, "repeated")
-    for step in (1, 2):
-        answers = []
-        # Out of order and repeated: the sum is taken in micro-batch order, once each.
-        for mb in (1, 0, 1, 0):
-            answers.append(
-                await repeated.forward_backward(ForwardBackwardRequest(step=step, micro_batch=mb))
-            )
-        assert answers[0] == answers[2] and answers[1] == answers[3]
-        await repeated.optim_step(OptimStepRequest(step=step))
-
-    assert (await repeated.get_info()).weights_digest == (await plain.get_info()).weights_digest
-    for job in ("plain", "repeated"):
-        await account.client.delete_job(job)
+async def test_pipelined_calls_apply_in_order_and_the_loss_falls(account: Account) -> None:
+    trainer = await running_trainer(account, "pipelined")
+    model = trainer.model
+    started = time.monotonic()
+    tickets = []
+    for step in range(1, 6):  # 10 submissions before any result is awaited
+        tickets.append(await model.submit("forward_backward", model.fwdbwd_body(batch(step))))
+        tickets.append(await model.submit("optim_step", model.optim_body()))
+    submitted = time.monotonic() - started
+    assert len({t["request_id"] for t in tickets}) == 10
+    assert all(t["model_id"] == model.model_id for t in tickets)
+    results = [await trainer.api.result(t) for t in tickets]
+    losses = [r["metrics"]["loss:sum"] for r in results[::2]]
+    assert all(
+        set(r) >= {"loss_fn_output_type", "loss_fn_outputs", "metrics"} for r in results[::2]
+    )
+    out = results[0]["loss_fn_outputs"][0]["logprobs"]
+    first_tokens = batch(1)[0]["model_input"]["chunks"][0]["tokens"]
+    assert out["dtype"] == "float32" and out["shape"] == [len(first_tokens)]
+    assert all(":" in k for r in results[::2] for k in r["metrics"])
+    assert losses[-1] < losses[0]
+    info = await model.info()
+    assert (info["optim_steps"], info["seq_id"]) == (5, 10)
+    assert info["model_data"]["tokenizer_id"].endswith("tokenizers/bytes")
+    assert submitted < 5.0  # accepted without waiting for the work
+    await trainer.api.aclose()
 
 
-async def test_checkpoints_are_atomic_idempotent_and_loadable_across_jobs(
-    account: Account, admin: PlaneAdmin, data_dir: Path
-) -> None:
-    trainer = await running_trainer(account.client, "saver")
-    await train_steps(trainer, 1, 3)
-    saved = await trainer.save_weights("step-3")
-    again = await trainer.save_weights("step-3")  # a retried save: same answer
-    assert again == saved
-    await train_steps(trainer, 4, 4)
-    with pytest.raises(AlreadyExists):
-        await trainer.save_weights("step-3")
-    with pytest.raises(InvalidArgument) as bad:
-        await trainer.save_weights("bad name!")
-    assert "name" in bad.value.message
+async def test_order_dedupe_and_future_outcomes(account: Account) -> None:
+    trainer = await running_trainer(account, "ordered", training_config=QUICK)
+    api = trainer.api
+    reference = trainer.model  # model 0: the same operations, sent plainly in order
+    await reference.train(1, 2)
 
-    directory = data_dir / "checkpoints" / account.id / "saver"
-    assert sorted(p.name for p in directory.iterdir()) == ["step-3.json", "step-3.npz"]
-    listed = await trainer.list_checkpoints()
-    assert [c.name for c in listed] == [saved.name] and listed[0].step == 3
-    digest_at_3 = json.loads((directory / "step-3.json").read_text())["digest"]
+    shuffled = await api.create_model(trainer.session_id, 1, BASE_MODEL)
+    body = {
+        1: ("forward_backward", shuffled.fwdbwd_body(batch(1))),
+        2: ("optim_step", shuffled.optim_body()),
+        3: ("forward_backward", shuffled.fwdbwd_body(batch(2))),
+        4: ("optim_step", shuffled.optim_body()),
+    }
+    # Sent out of order: 4 and 3 wait for 1 and 2 (the poll on 4 comes back try_again).
+    t4 = await shuffled.submit(*body[4], seq_id=4)
+    t3 = await shuffled.submit(*body[3], seq_id=3)
+    pending = await api.call("retrieve_future", {"request_id": t4["request_id"]})
+    assert pending["type"] == "try_again" and pending["queue_state"] == "active"
+    t2 = await shuffled.submit(*body[2], seq_id=2)
+    t1 = await shuffled.submit(*body[1], seq_id=1)
+    # A repeat (a client's retry) returns the same future and applies nothing.
+    assert (await shuffled.submit(*body[3], seq_id=3))["request_id"] == t3["request_id"]
+    for t in (t1, t2, t3, t4):
+        await api.result(t)
+    assert (await shuffled.submit(*body[2], seq_id=2))["request_id"] == t2["request_id"]
+    # The future stays retrievable after it finished, with the same result.
+    assert await api.result(t3) == await api.result(t3)
 
-    # Any checkpoint of the same account loads, also one of a deleted job.
+    ref_info, info = await reference.info(), await shuffled.info()
+    assert info["optim_steps"] == 2 and info["seq_id"] == 4
+    assert info["weights_digest"] == ref_info["weights_digest"]
+
+    # A seq_id used by another operation is refused at once, and not with a 404 (§5).
+    with pytest.raises(TrainerHTTPError) as clash:
+        await shuffled.submit("forward", shuffled.forward_body(batch(1)), seq_id=4)
+    assert clash.value.status == 400 and "already used" in clash.value.message
+
+    # Bad work fails its future (category user), consumes its seq_id, changes nothing.
+    bad = await shuffled.submit(
+        "forward_backward", {"forward_backward_input": {"data": [datum("ab")], "loss_fn": "nope"}}
+    )
+    failed = await api.call("retrieve_future", {"request_id": bad["request_id"]})
+    while failed.get("type") == "try_again":
+        failed = await api.call("retrieve_future", {"request_id": bad["request_id"]})
+    assert failed["category"] == "user" and "loss_fn" in failed["error"]
+    assert (await shuffled.info())["weights_digest"] == info["weights_digest"]
+
+    # Unknown futures are gone (410): the SDKs then re-submit the original request.
+    gone = await api.raw("retrieve_future", {"request_id": "req-never-made"})
+    assert gone.status_code == 410 and gone.json()["error"]["code"] == 410
+
+    # A gap that never closes fails the waiting work and breaks the model, clearly.
+    orphan = await shuffled.submit("optim_step", shuffled.optim_body(), seq_id=shuffled.seq_id + 2)
+    with pytest.raises(FutureFailed) as broken:
+        await api.result(orphan, timeout=20)
+    assert broken.value.category == "user" and "never arrived" in broken.value.error
+    await api.aclose()
+
+
+async def test_save_load_and_checkpoint_references(account: Account, admin: PlaneAdmin) -> None:
+    trainer = await running_trainer(account, "saver")
+    api, model = trainer.api, trainer.model
+    await model.train(1, 3)
+    path = await model.save("step-3")
+    assert path == "tinker://saver/weights/step-3"
+    assert await model.save("step-3") == path  # a retried save: same answer
+    sampler_path = await model.save_for_sampler("step-3")  # same weights: becomes "both"
+    assert sampler_path == "tinker://saver/sampler_weights/step-3"
+    probe = [datum("the cat and the log. ")]
+    loss_at_3 = await model.forward_loss(probe)
+    digest_at_3 = (await model.info())["weights_digest"]
+    await model.train(4, 4)
+    with pytest.raises(FutureFailed, match="already exists"):
+        await model.save("step-3")  # other weights under a taken name
+
+    # Restored into a new model: the same weights, the same forward loss, any path form.
+    for seq, ref in enumerate(["step-3", path, "cross_job://saver/step-3"], start=1):
+        restored = await api.load_new_model(trainer.session_id, seq, ref)
+        info = await restored.info()
+        assert (info["weights_digest"], info["optim_steps"]) == (digest_at_3, 3)
+        assert await restored.forward_loss(probe) == loss_at_3
+    # Into an existing model too; and a missing checkpoint fails the future, not the HTTP call.
+    await model.load("step-3")
+    assert (await model.info())["weights_digest"] == digest_at_3
+    with pytest.raises(FutureFailed, match="does not exist"):
+        await model.load("nope")
+    assert [c async for c in account.client.iter_checkpoints("saver")][0].promotable
+
+    # A deleted job's checkpoints still load, from another job of the same account...
+    await api.aclose()
     await account.client.delete_job("saver")
     await wait_state(account.client, "saver", JobState.DELETED)
-    other = await running_trainer(account.client, "loader")
-    loaded = await other.load_weights(saved.name)
-    assert loaded.step == 3 and (await other.get_info()).weights_digest == digest_at_3
-    with pytest.raises(InvalidArgument) as missing:
-        await other.load_weights(f"accounts/{account.id}/rlorTrainerJobs/saver/checkpoints/nope")
-    assert "does not exist" in missing.value.message
-
-    # Another account's checkpoint is not ours to load.
-    stranger_id, _ = await admin.create_account()
-    with pytest.raises(PermissionDenied):
-        await other.load_weights(f"accounts/{stranger_id}/rlorTrainerJobs/x/checkpoints/y")
-    await account.client.delete_job("loader")
+    other = await running_trainer(account, "loader")
+    loaded = await other.api.load_new_model(other.session_id, 1, "cross_job://saver/step-3")
+    assert (await loaded.info())["weights_digest"] == digest_at_3
+    # ...but not another account's.
+    stranger, _ = await admin.create_account()
+    with pytest.raises(FutureFailed, match="another account"):
+        await other.model.load(f"accounts/{stranger}/rlorTrainerJobs/saver/checkpoints/step-3")
+    await other.api.aclose()
 
 
-async def test_training_learns_and_evaluates(account: Account) -> None:
-    trainer = await running_trainer(account.client, "learner")
-    before = await trainer.evaluate()
-    await train_steps(trainer, 1, 30)
-    after = await trainer.evaluate()
-    assert before.step == 0 and after.step == 30
-    assert after.eval_loss < before.eval_loss
-    await account.client.delete_job("learner")
+async def test_preemption_then_load_by_name_gives_identical_weights(
+    account: Account, admin: PlaneAdmin
+) -> None:
+    straight = await running_trainer(account, "straight")
+    await straight.model.train(1, N)
+    expected = (await straight.info())["weights_digest"]
+    await straight.api.aclose()
+
+    victim = await running_trainer(account, "victim")
+    await victim.model.train(1, K)
+    await victim.model.save(f"step-{K}")
+    await admin.preempt("victim", account=account.id)
+    await wait_state(account.client, "victim", JobState.FAILED)
+    old_future = victim.model.tickets[-1]
+    with pytest.raises(TrainerHTTPError) as no_route:  # the dead trainer has no route
+        await victim.api.result(old_future, timeout=5)
+    assert no_route.value.status == 404
+    await account.client.resume_job("victim")
+    await wait_state(account.client, "victim", JobState.RUNNING)
+    await warm(victim.api)
+    # The new trainer never heard of the old one's futures: 410, so clients re-submit.
+    assert (await victim.api.raw("retrieve_future", old_future)).status_code == 410
+
+    # A new trainer generation: new session, the checkpoint by its logical name, with Adam.
+    session = await victim.api.session()
+    resumed = await victim.api.load_new_model(session, 0, f"step-{K}", optimizer=True)
+    assert (await resumed.info())["optim_steps"] == K
+    await resumed.train(K + 1, N)
+    info = await resumed.info()
+    assert info["optim_steps"] == N
+    assert info["weights_digest"] == expected
+    await victim.api.aclose()
 
 
-async def test_lora_trains_adapters_only(account: Account) -> None:
-    full = await running_trainer(account.client, "full")
-    lora = await running_trainer(
-        account.client, "lora", training_config={"lora_rank": 4, "learning_rate": 1e-2}
+async def test_sampling(account: Account) -> None:
+    trainer = await running_trainer(account, "sampler", training_config={"lora_rank": 4})
+    api, model = trainer.api, trainer.model
+    info = await model.info()
+    assert info["is_lora"] and info["lora_rank"] == 4
+    await model.train(1, 3)
+    path = await model.save_for_sampler("policy-3")
+    sampler_id = (
+        await api.call(
+            "create_sampling_session",
+            {"session_id": trainer.session_id, "sampling_session_seq_id": 0, "model_path": path},
+        )
+    )["sampling_session_id"]
+    described = await api.call(f"samplers/{sampler_id}", method="GET")
+    assert described == {"sampler_id": sampler_id, "base_model": BASE_MODEL, "model_path": path}
+
+    prompt = {"chunks": [{"type": "encoded_text", "tokens": lm.encode("the cat")}]}
+    request = {
+        "sampling_session_id": sampler_id,
+        "seq_id": 0,
+        "num_samples": 3,
+        "prompt": prompt,
+        "prompt_logprobs": True,
+        "sampling_params": {"max_tokens": 12, "temperature": 1.0, "seed": 7, "stop": [" "]},
+    }
+    ticket = await api.call("asample", request)
+    assert len(ticket["sample_sequence_ids"]) == 3
+    assert (await api.call("asample", request))["request_id"] == ticket["request_id"]  # dedupe
+    result = await api.result(ticket)
+    assert len(result["sequences"]) == 3
+    for seq in result["sequences"]:
+        assert seq["stop_reason"] in ("stop", "length")
+        assert 0 < len(seq["tokens"]) <= 12 and len(seq["logprobs"]) == len(seq["tokens"])
+        assert all(lp <= 0 for lp in seq["logprobs"])
+        if seq["stop_reason"] == "stop":
+            assert seq["tokens"][-1] in (lm.encode(" ")[0], lm.EOS)
+    assert result["prompt_logprobs"][0] is None and len(result["prompt_logprobs"]) == 7
+    again = await api.result(await api.call("asample", {**request, "seq_id": 1}))
+    assert again["sequences"] == result["sequences"]  # same seed, same weights: same tokens
+    # Anonymous sampler weights: a sampling session straight from the model.
+    anon = await model.run("save_weights_for_sampler", {"sampling_session_seq_id": 1})
+    greedy = {**request, "sampling_session_id": anon["sampling_session_id"], "num_samples": 1}
+    greedy["sampling_params"] = {"max_tokens": 4, "temperature": 0.0, "stop": []}
+    out = await api.result(await api.call("asample", greedy))
+    assert out["sequences"][0]["stop_reason"] == "length"
+    await api.aclose()
+
+
+async def test_auth_headers_and_stats_by_dialect(account: Account, admin: PlaneAdmin) -> None:
+    trainer = await running_trainer(account, "authed")
+    job_name = f"accounts/{account.id}/rlorTrainerJobs/authed"
+    assert account.api_key.startswith("tml-")  # minted keys pass the Tinker SDK's check
+    fireworks_key = await admin.create_api_key(account.id, key_style="fireworks")
+    assert not fireworks_key.startswith("tml-")
+
+    bearer = gateway_api(account, "authed", auth="bearer")
+    assert (await bearer.healthz())["status"] == "ok"
+    assert (await trainer.model.info())["model_id"] == trainer.model.model_id  # X-Api-Key
+    async with TinkerHTTP(trainer.api.base_url, fireworks_key) as fw:
+        assert (await fw.healthz())["status"] == "ok"
+    for key in (None, "tml-not-a-key"):
+        async with TinkerHTTP(trainer.api.base_url, key) as anonymous:
+            assert (await anonymous.raw("healthz", method="GET")).status_code == 401
+    # The trainer checks keys itself, for calls that bypass the gateway.
+    direct_url = (await admin.job("authed", account=account.id))["trainer"]["url"]
+    async with TinkerHTTP(direct_url, None) as direct:
+        assert (await direct.raw("healthz", method="GET")).status_code == 401
+    async with TinkerHTTP(direct_url, account.api_key, auth="bearer") as direct:
+        assert (await direct.healthz())["status"] == "ok"
+    # The control plane takes both headers as well.
+    async with httpx.AsyncClient(base_url=account.client.base_url) as http:
+        for headers in (
+            {"X-Api-Key": account.api_key},
+            {"Authorization": f"Bearer {account.api_key}"},
+        ):
+            r = await http.get("/v1/accounts", headers=headers)
+            assert r.json()["accounts"] == [{"name": f"accounts/{account.id}"}]
+        assert (await http.get("/v1/accounts")).status_code == 401
+
+    before = await admin.data_plane(job_name)
+    await trainer.model.train(1, 2)
+    after = await admin.data_plane(job_name)
+    assert after.get("json:forward_backward", 0) - before.get("json:forward_backward", 0) == 2
+    assert after.get("json:optim_step", 0) - before.get("json:optim_step", 0) == 2
+    assert after["json:retrieve_future"] > before.get("json:retrieve_future", 0)
+    assert not [k for k in after if k.startswith("protobuf:")]  # this client spoke JSON only
+    assert (await admin.data_plane())["json:create_model"] >= 1
+    await bearer.aclose()
+    await trainer.api.aclose()
+
+
+async def test_checkpoints_on_the_control_plane_and_promotion(account: Account) -> None:
+    trainer = await running_trainer(account, "promo", training_config={"lora_rank": 2})
+    await trainer.model.train(1, 2)
+    await trainer.model.save("state-2")
+    await trainer.model.save_for_sampler("step-2-sampler")
+    listed = {c.checkpoint_id: c async for c in account.client.iter_checkpoints("promo")}
+    assert set(listed) == {"state-2", "step-2-sampler"}
+    assert listed["state-2"].checkpoint_type == "CHECKPOINT_TYPE_TRAINING_LORA"
+    assert not listed["state-2"].promotable and listed["state-2"].step == 2
+    assert listed["step-2-sampler"].checkpoint_type == "CHECKPOINT_TYPE_INFERENCE_LORA"
+    assert listed["step-2-sampler"].promotable
+    names = await trainer.api.call("list_checkpoints", method="GET")
+    assert names == {"checkpoints": ["state-2"]}  # the trainer lists what it can resume from
+
+    with pytest.raises(FailedPrecondition, match="not promotable"):
+        await account.client.promote_checkpoint("state-2", job_id="promo", output_model_id="nope")
+    answer = await account.client.promote_checkpoint(
+        "step-2-sampler", job_id="promo", output_model_id="promoted", async_promotion=True
     )
-    full_info, lora_info = await full.get_info(), await lora.get_info()
-    assert lora_info.lora_rank == 4 and "lora-r4" in lora_info.model_extra["stand_in_model"]
-    assert (
-        lora_info.model_extra["trainable_parameters"]
-        < full_info.model_extra["trainable_parameters"]
-    )
-    before = await lora.evaluate()
-    await train_steps(lora, 1, 20)
-    assert (await lora.evaluate()).eval_loss < before.eval_loss
-    for job in ("full", "lora"):
-        await account.client.delete_job(job)
+    assert answer.operation is not None
+    async with asyncio.timeout(10):
+        while not (op := await account.client.get_operation(answer.operation.name)).done:
+            await asyncio.sleep(0.05)
+    assert op.response is not None and op.response.kind == "HF_PEFT_ADDON"
+    await trainer.api.aclose()
 
 
-async def test_forward_only_shape_refuses_optimizer_steps(account: Account) -> None:
+async def test_forward_only_shape(account: Account) -> None:
     from tests.helpers import job_request
 
     await account.client.create_job(
         "fwd",
-        job_request(),
+        # Trainers load no datasets (clients send tokens): the field is accepted and ignored.
+        job_request(dataset="gs://nowhere/data.jsonl"),
         training_shape="accounts/localplane/trainingShapes/tiny-cpu-forward-only",
     )
     await wait_state(account.client, "fwd", JobState.RUNNING)
-    trainer = await account.client.trainer("fwd")
-    await warm(trainer)
-    answer = await trainer.forward_backward(ForwardBackwardRequest(step=1))
-    assert answer.loss > 0
-    with pytest.raises(FailedPrecondition) as refused:
-        await trainer.optim_step(OptimStepRequest(step=1))
-    assert "forward-only" in refused.value.message
-    await account.client.delete_job("fwd")
-
-
-async def test_jsonl_datasets_and_inline_examples(account: Account, tmp_path: Path) -> None:
-    text = tmp_path / "chat.jsonl"
-    text.write_text(
-        "\n".join(
-            json.dumps(r)
-            for r in [
-                {"text": "the trainer learns to spell shepherd"},
-                {"prompt": "Q: what survives preemption? ", "completion": "A: checkpoints."},
-                {
-                    "messages": [
-                        {"role": "user", "content": "hi"},
-                        {"role": "assistant", "content": "hello"},
-                    ]
-                },
-            ]
-            * 20
-        )
-    )
-    vectors = tmp_path / "vectors.jsonl"
-    vectors.write_text(
-        "\n".join(json.dumps({"x": [i % 3, i % 5, 1.0], "y": i % 2}) for i in range(60))
-    )
-
-    chat = await running_trainer(account.client, "chat", dataset=str(text))
-    assert (await chat.get_info()).model_extra["dataset"] == str(text)
-    await train_steps(chat, 1, 3)
-    inline = await chat.forward_backward(
-        ForwardBackwardRequest(step=4, batch={"examples": [{"text": "inline example"}]})
-    )
-    assert inline.num_examples == len("inline example")
-    with pytest.raises(InvalidArgument) as too_long:
-        await chat.forward_backward(
-            ForwardBackwardRequest(
-                step=4, micro_batch=1, batch={"examples": [{"text": "x" * 9000}]}
-            )
-        )
-    assert (
-        "batch.examples[0]" in too_long.value.message
-        and "max_context_length" in too_long.value.message
-    )
-
-    vec = await running_trainer(account.client, "vec", dataset=f"file://{vectors}")
-    await train_steps(vec, 1, 3)
-    with pytest.raises(InvalidArgument) as wrong_shape:
-        await vec.forward_backward(
-            ForwardBackwardRequest(step=4, batch={"examples": [{"x": [1.0], "y": 0}]})
-        )
-    assert "batch.examples[0]" in wrong_shape.value.message
-    for job in ("chat", "vec"):
-        await account.client.delete_job(job)
+    api = gateway_api(account, "fwd")
+    await warm(api)
+    model: Model = await api.create_model(await api.session(), 0, BASE_MODEL)
+    assert await model.forward_loss(batch(1)) > 0
+    for op, body in (
+        ("forward_backward", model.fwdbwd_body(batch(1))),
+        ("optim_step", model.optim_body()),
+    ):
+        with pytest.raises(FutureFailed, match="forward-only"):
+            await model.run(op, body)
+    await api.aclose()

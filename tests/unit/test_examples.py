@@ -14,7 +14,7 @@ from shepherd.sweep import load_sweep
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-@pytest.mark.parametrize("name", ["quickstart.yaml", "full.yaml"])
+@pytest.mark.parametrize("name", ["quickstart.yaml", "full.yaml", "rl.yaml"])
 def test_job_examples_validate(name: str) -> None:
     spec = load_spec(EXAMPLES / name)
     assert spec.output.promote == "none" or spec.output.model_id

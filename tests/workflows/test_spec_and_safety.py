@@ -15,8 +15,9 @@ from temporalio.client import WorkflowFailureError
 from shepherd.jobs import start_job
 from shepherd.phases import Phase
 from shepherd.spec import SpecError
+from tests.workflows import user_loops
 from tests.workflows.conftest import Stack, make_registry, worker_for
-from tests.workflows.test_recovery import model_digest
+from tests.workflows.test_recovery import SLOW, model_digest
 
 
 def _spec(**sections: Any) -> dict[str, Any]:
@@ -70,6 +71,7 @@ INVALID: list[tuple[dict[str, Any], str]] = [
     (_spec(training={"total_steps": 0}), "training.total_steps"),
     (_spec(training={"total_steps": 5}), "checkpoint.every_steps"),
     (_spec(training={"loop": "not a loop"}), "training.loop"),
+    (_spec(training={"loop": "os:system"}), "training.loop"),
     (_spec(training={"micro_batches": 0}), "training.micro_batches"),
     (_spec(training={"resume_from": "step-10"}), "training.resume_from"),
     (_spec(checkpoint={"keep_last": 0}), "checkpoint.keep_last"),
@@ -159,14 +161,30 @@ async def test_continue_as_new_keeps_a_long_job_going(stack: Stack) -> None:
     assert result.cleanup == "done"
 
 
-async def test_user_loop_runs_with_the_same_guarantees(stack: Stack) -> None:
-    spec = stack.spec(
-        "custom",
-        training={"loop": "tests.workflows.user_loops:inline_examples", "micro_batches": 2},
-    )
-    handle = await stack.start(spec)
-    result = await handle.result()
+async def test_user_tinker_loop_survives_a_preemption_with_identical_weights(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SHEPHERD_LOOPS", user_loops.REF)
+    training = {"loop": "inline-examples", "micro_batches": 2, "total_steps": 30}
+    reference = await stack.start(stack.spec("ref", trainer=SLOW, training=training))
+    victim = await stack.start(stack.spec("custom", trainer=SLOW, training=training))
+    mid = await stack.until(victim, lambda s: s.step >= 12 and s.phase is Phase.TRAINING)
+    await stack.admin.preempt(mid.trainer_job_id or "", account=stack.account.id)
+    result = await victim.result()
+    await reference.result()
     assert result.phase is Phase.COMPLETED and result.model is not None
+    assert result.preemptions == 1
+    assert await model_digest(stack, "custom-model") == await model_digest(stack, "ref-model")
+
+
+async def test_an_unregistered_loop_fails_the_job_and_frees_the_trainer(stack: Stack) -> None:
+    handle = await stack.start(stack.spec("noloop", training={"loop": "not-registered"}))
+    with pytest.raises(WorkflowFailureError) as info:
+        await handle.result()
+    assert getattr(info.value.cause, "type", None) == "LoopError"
+    assert "SHEPHERD_LOOPS" in str(info.value.cause)
+    status = await stack.status(handle)
+    assert status.phase is Phase.FAILED and status.cleanup == "done"
 
 
 async def _signals(handle: Any) -> int:

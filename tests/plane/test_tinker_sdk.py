@@ -1,0 +1,182 @@
+"""The unmodified `tinker` SDK (0.38) drives localplane end to end: a job created through the
+control plane, a `tml-` key minted by the plane, a ServiceClient on the trainer's base URL —
+pipelined training, save, restore, sampling, preemption and a resume through the control
+plane — and the plane's stats show the SDK spoke the protobuf dialect.
+
+Also the route race of trainer-api.md §5, shown with the real SDK: a 404 from a gateway
+replica that has not learned a fresh route is fatal to it, although the trainer is healthy."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import tinker
+from tinker import types
+
+from localplane.process import PlaneProcess
+from tests.plane.sdk_support import (
+    BASE_MODEL,
+    CORPUS,
+    RESULT_TIMEOUT,
+    PlaneHttp,
+    SdkAccount,
+    byte_datums,
+    plane_http,
+)
+
+pytestmark = pytest.mark.slow
+
+ADAM = types.AdamParams(learning_rate=1e-2)
+
+
+@pytest.fixture
+def http(plane: PlaneProcess) -> Iterator[PlaneHttp]:
+    with plane_http(plane) as client:
+        yield client
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    # get_tokenizer() must work from the trainer's local tokenizer directory, never the hub.
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+
+
+def _loss(result: types.ForwardBackwardOutput) -> float:
+    return result.metrics["loss:sum"]
+
+
+def _service(http: PlaneHttp, account: SdkAccount, job_id: str) -> tinker.ServiceClient:
+    return tinker.ServiceClient(
+        base_url=http.trainer_base_url(account, job_id), api_key=account.api_key
+    )
+
+
+def test_tinker_sdk_end_to_end(http: PlaneHttp) -> None:
+    account = http.new_account("tinker")
+    assert account.api_key.startswith("tml-")  # the SDK refuses anything else client-side
+    job_id = f"tinker-{uuid.uuid4().hex[:8]}"
+    http.create_job(account, job_id, lora_rank=4)
+    http.wait_state(account, job_id, "JOB_STATE_RUNNING")
+    # The SDK takes any 404 as final (§5), so warm the route before it sends its first request.
+    http.warm(account, http.trainer_base_url(account, job_id))
+    data = byte_datums(types, CORPUS)
+
+    service = _service(http, account, job_id)
+    try:
+        training = service.create_lora_training_client(
+            base_model=BASE_MODEL, rank=4, seed=0
+        ).result(RESULT_TIMEOUT)
+        tokenizer = training.get_tokenizer()
+        assert tokenizer.encode("hello", add_special_tokens=False) == list(b"hello")
+
+        # Pipelined, as tinker loops are written: every step is submitted before any is awaited.
+        before = _loss(training.forward(data, "cross_entropy").result(RESULT_TIMEOUT))
+        futures = []
+        for _ in range(4):
+            futures.append(training.forward_backward(data, "cross_entropy"))
+            futures.append(training.optim_step(ADAM))
+        results = [f.result(RESULT_TIMEOUT) for f in futures]
+        step_losses = [_loss(r) for r in results[0::2]]
+        assert step_losses[0] == pytest.approx(before)  # fwd/bwd ran strictly after forward
+        assert all(a > b for a, b in zip(step_losses, step_losses[1:], strict=False)), step_losses
+        logprobs = results[0].loss_fn_outputs[0]["logprobs"]
+        assert logprobs.shape == [len(CORPUS[0]) - 1]
+
+        saved = training.save_state("step-4").result(RESULT_TIMEOUT)
+        assert saved.path.startswith("tinker://")
+        after = _loss(training.forward(data, "cross_entropy").result(RESULT_TIMEOUT))
+        assert after < before
+
+        # Restore into a new model of the same session: same weights, same forward loss.
+        restored = service.create_training_client_from_state_with_optimizer(saved.path).result(
+            RESULT_TIMEOUT
+        )
+        assert restored.model_id != training.model_id
+        assert _loss(restored.forward(data, "cross_entropy").result(RESULT_TIMEOUT)) == after
+
+        # Sampling from a named sampler checkpoint: tokens, per-token logprobs, stop reasons.
+        sampler_path = training.save_weights_for_sampler("sampler-4").result(RESULT_TIMEOUT).path
+        sampler = training.create_sampling_client(sampler_path).result(RESULT_TIMEOUT)
+        prompt = types.ModelInput.from_ints(tokenizer.encode("hel", add_special_tokens=False))
+        params = types.SamplingParams(max_tokens=6, seed=7, temperature=1.0)
+        answer = sampler.sample(prompt, num_samples=2, sampling_params=params).result(
+            RESULT_TIMEOUT
+        )
+        assert len(answer.sequences) == 2
+        for seq in answer.sequences:
+            assert 1 <= len(seq.tokens) <= 6
+            assert seq.stop_reason in ("stop", "length")
+            assert seq.logprobs is not None and len(seq.logprobs) == len(seq.tokens)
+            assert all(lp <= 0.0 for lp in seq.logprobs)
+            assert seq.sequence_id
+        again = sampler.sample(prompt, num_samples=2, sampling_params=params).result(RESULT_TIMEOUT)
+        assert [s.tokens for s in again.sequences] == [s.tokens for s in answer.sequences]
+
+        # The anonymous form: save_weights_and_get_sampling_client (sampling_session_id path).
+        quick = training.save_weights_and_get_sampling_client().result(RESULT_TIMEOUT)
+        greedy = types.SamplingParams(max_tokens=4, seed=1, temperature=0.0)
+        assert len(quick.sample(prompt, 1, greedy).result(RESULT_TIMEOUT).sequences) == 1
+    finally:
+        service.close("success").result(RESULT_TIMEOUT)
+
+    served = http.data_plane(account, job_id)
+    # tinker sends forward_backward as protobuf; its other calls are JSON.
+    assert served.get("protobuf:forward_backward", 0) + served.get("protobuf:forward", 0) >= 7
+    assert served.get("json:forward_backward", 0) == 0
+    assert served.get("json:optim_step", 0) >= 4
+
+    # Preemption, then a resume through the control plane: a new trainer process and a new
+    # session; the logical name still resolves, optimizer state included.
+    http.preempt(account, job_id)
+    http.wait_state(account, job_id, "JOB_STATE_FAILED")
+    http.resume(account, job_id)
+    http.wait_state(account, job_id, "JOB_STATE_RUNNING")
+    http.warm(account, http.trainer_base_url(account, job_id))
+    service = _service(http, account, job_id)
+    try:
+        resumed = service.create_training_client_from_state_with_optimizer("step-4").result(
+            RESULT_TIMEOUT
+        )
+        assert _loss(resumed.forward(data, "cross_entropy").result(RESULT_TIMEOUT)) == after
+        futures = [resumed.forward_backward(data, "cross_entropy"), resumed.optim_step(ADAM)]
+        futures += [resumed.forward_backward(data, "cross_entropy"), resumed.optim_step(ADAM)]
+        losses = [_loss(f.result(RESULT_TIMEOUT)) for f in futures[0::2]]
+        for f in futures[1::2]:
+            f.result(RESULT_TIMEOUT)
+        assert losses[0] == pytest.approx(after)
+        assert losses[1] < losses[0]
+    finally:
+        service.close("success").result(RESULT_TIMEOUT)
+    http.delete_job(account, job_id)
+
+
+def test_tinker_sdk_crashes_on_a_route_race_404(http: PlaneHttp) -> None:
+    """Why clients warm a route up (§5): right after RUNNING, a gateway replica that has not
+    learned the route answers 404, and the tinker SDK gives up at once — no retry — although
+    the trainer is healthy, as the same call a moment later shows."""
+    account = http.new_account("tinker")
+    job_id = f"race-{uuid.uuid4().hex[:8]}"
+    # Every replica learns a new route only 3 s after the trainer is up: deterministic.
+    with http.faults(routeLagSeconds={"min": 3.0, "max": 3.0}):
+        http.create_job(account, job_id, lora_rank=0)
+        http.wait_state(account, job_id, "JOB_STATE_RUNNING")
+        with pytest.raises(tinker.NotFoundError):
+            # The first request (client/config) lands on a replica without the route: 404.
+            _service(http, account, job_id).create_lora_training_client(
+                base_model=BASE_MODEL, rank=0
+            )
+        assert http.route_404s(account, job_id) >= 1
+        assert http.warm(account, http.trainer_base_url(account, job_id)) >= 1
+        service = _service(http, account, job_id)
+        try:
+            training = service.create_lora_training_client(base_model=BASE_MODEL, rank=0).result(
+                RESULT_TIMEOUT
+            )
+            out = training.forward(byte_datums(types, CORPUS[:1]), "cross_entropy")
+            assert out.result(RESULT_TIMEOUT).metrics["loss:sum"] > 0
+        finally:
+            service.close("success").result(RESULT_TIMEOUT)
+    http.delete_job(account, job_id)
