@@ -145,6 +145,20 @@ async def verified_404(
     )
 
 
+#: A route 404 on a one-shot data-plane call (open the model, save, evaluate) is verified
+#: like a training call's, with this default budget (these calls are not tuned per job).
+ONE_SHOT_RACES, ONE_SHOT_WINDOW = 4, timedelta(seconds=30)
+
+
+async def one_shot_404(client: PlatformClient, trainer_job_id: str, races: int) -> ApplicationError:
+    """The verified-404 answer for a one-shot call that has now seen ``races`` route 404s
+    (recorded in the heartbeat, so the next attempt counts on)."""
+    activity.heartbeat({"route_races": races})
+    return await verified_404(
+        client, trainer_job_id, races=races, retries=ONE_SHOT_RACES, window=ONE_SHOT_WINDOW
+    )
+
+
 def previous_details() -> dict[str, Any]:
     """The last heartbeat details of an earlier attempt of this activity, if any."""
     details = activity.info().heartbeat_details

@@ -3,17 +3,15 @@ prune to the last K."""
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from temporalio import activity
 
 from activities.base import (
     ClientProvider,
     keepalive,
     log,
+    one_shot_404,
     previous_details,
     translate,
-    verified_404,
 )
 from activities.training import _data_plane_error, training_client
 from shepherd.models import (
@@ -24,10 +22,6 @@ from shepherd.models import (
     SaveCheckpointResult,
 )
 from shepherd.platform import NotFound, PlatformError, RouteNotFound, rules
-
-#: A route 404 on these one-shot calls is verified like a training call's, with the
-#: default budget (these calls are not configurable per job).
-_RACES, _WINDOW = 4, timedelta(seconds=30)
 
 #: Heartbeat this often while a (possibly minutes-long) save is in flight, so a dead worker
 #: is noticed within the heartbeat timeout, not the start-to-close timeout.
@@ -57,14 +51,8 @@ class CheckpointActivities:
                 await sampler
         except RouteNotFound:
             tc.cancel_pending()
-            progress["route_races"] += 1
-            activity.heartbeat(dict(progress))
-            raise await verified_404(
-                client,
-                inp.trainer_job_id,
-                races=progress["route_races"],
-                retries=_RACES,
-                window=_WINDOW,
+            raise await one_shot_404(
+                client, inp.trainer_job_id, progress["route_races"] + 1
             ) from None
         except PlatformError as exc:
             tc.cancel_pending()

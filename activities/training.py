@@ -22,6 +22,7 @@ from activities.base import (
     ClientProvider,
     keepalive,
     log,
+    one_shot_404,
     previous_details,
     translate,
     verified_404,
@@ -51,9 +52,6 @@ from workflows import policies
 
 #: Heartbeat at least this often while a step is in flight (well under any heartbeat timeout).
 KEEPALIVE_S = 2.0
-#: A route 404 on the one-shot calls (open, evaluate) is verified like a training call's,
-#: with the default budget.
-_RACES, _WINDOW_S = 4, 30.0
 
 
 def load_path(checkpoint: str, trainer_job_id: str) -> str:
@@ -181,14 +179,7 @@ class TrainingActivities:
                     )
                 info = await trainer.get_info(model_id)
         except RouteNotFound:
-            activity.heartbeat({"route_races": races + 1})
-            raise await verified_404(
-                client,
-                inp.trainer_job_id,
-                races=races + 1,
-                retries=_RACES,
-                window=timedelta(seconds=_WINDOW_S),
-            ) from None
+            raise await one_shot_404(client, inp.trainer_job_id, races + 1) from None
         except PlatformError as exc:
             raise _data_plane_error(exc, "opening the model") from None
         log(trainer_job_id=inp.trainer_job_id).info(
@@ -323,14 +314,7 @@ class TrainingActivities:
                 await tc.drain()
         except RouteNotFound:
             tc.cancel_pending()
-            activity.heartbeat({"route_races": races + 1})
-            raise await verified_404(
-                client,
-                inp.trainer_job_id,
-                races=races + 1,
-                retries=_RACES,
-                window=timedelta(seconds=_WINDOW_S),
-            ) from None
+            raise await one_shot_404(client, inp.trainer_job_id, races + 1) from None
         except PlatformError as exc:
             tc.cancel_pending()
             raise _data_plane_error(exc, "evaluating") from None

@@ -82,6 +82,13 @@ def _direct(fn: Callable[[TrainerService, dict[str, Any]], Any]) -> Handler:
 
 
 #: POST operations: op -> handler(service, body, path argument). Sequenced ones submit.
+def _sequenced(op: str) -> Handler:
+    def handle(svc: TrainerService, body: dict[str, Any], arg: str) -> Any:
+        return svc.submit(op, body)
+
+    return handle
+
+
 _POST: dict[str, Handler] = {
     "client/config": _direct(TrainerService.client_config),
     "create_session": _direct(TrainerService.create_session),
@@ -95,7 +102,7 @@ _POST: dict[str, Handler] = {
     "create_sampling_session": _direct(TrainerService.create_sampling_session),
     "asample": _direct(TrainerService.asample),
     "list_checkpoints": lambda svc, body, arg: svc.list_checkpoints(),
-    **{op: (lambda svc, body, arg, op=op: svc.submit(op, body)) for op in SEQUENCED},
+    **{op: _sequenced(op) for op in SEQUENCED},
 }
 _GET: dict[str, Handler] = {
     "healthz": lambda svc, body, arg: {"status": "ok"},

@@ -23,3 +23,12 @@ async def test_happy_path_to_a_promoted_model(stack: Stack) -> None:
     assert stats["jobs"][name]["liveTrainer"] is False
     job = await stack.account.client.get_job(result.trainer_job_id or "")
     assert job.state is JobState.DELETED
+    # Shepherd's own client speaks the JSON dialect only (what hosted trainers speak), and
+    # the lifecycle really drove the Tinker API (exactly-once is proven by digests elsewhere).
+    served = await stack.admin.data_plane(name)
+    assert served and all(key.startswith("json:") for key in served), served
+    assert served.get("json:optim_step", 0) >= 20, served
+    assert served.get("json:forward_backward", 0) >= 20
+    assert served.get("json:save_weights", 0) >= 2
+    assert served.get("json:save_weights_for_sampler", 0) >= 2
+    assert served.get("json:forward", 0) >= 2  # the evaluations
