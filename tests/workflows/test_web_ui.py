@@ -5,6 +5,7 @@ sent from it as signals."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import shutil
 from urllib.parse import quote
@@ -52,8 +53,14 @@ async def test_job_page_shows_details_and_takes_pause_and_resume(stack: Stack, u
             page = await browser.new_page(viewport={"width": 1400, "height": 1600})
             # Findable by the search attributes, with the query users type in the UI.
             query = 'ShepherdPhase="TRAINING" AND ShepherdLabels="team=support"'
-            await page.goto(f"{ui_url}/namespaces/default/workflows?query={quote(query)}")
-            await page.get_by_text(handle.id).first.wait_for(timeout=30_000)
+            # The list does not refresh by itself, and the job flips between TRAINING and
+            # CHECKPOINTING every few seconds: load it again until a load catches TRAINING.
+            async with asyncio.timeout(60):
+                while True:
+                    await page.goto(f"{ui_url}/namespaces/default/workflows?query={quote(query)}")
+                    with contextlib.suppress(playwright_api.Error):
+                        await page.get_by_text(handle.id).first.wait_for(timeout=3_000)
+                        break
 
             await page.goto(f"{ui_url}/namespaces/default/workflows/{handle.id}")
             # The tab can be clicked before the page is live; click until its panel shows.
