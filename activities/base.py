@@ -153,10 +153,17 @@ ONE_SHOT_RACES, ONE_SHOT_WINDOW = 4, timedelta(seconds=30)
 async def one_shot_404(client: PlatformClient, trainer_job_id: str, races: int) -> ApplicationError:
     """The verified-404 answer for a one-shot call that has now seen ``races`` route 404s
     (recorded in the heartbeat, so the next attempt counts on)."""
-    activity.heartbeat({"route_races": races})
+    heartbeat({"route_races": races})
     return await verified_404(
         client, trainer_job_id, races=races, retries=ONE_SHOT_RACES, window=ONE_SHOT_WINDOW
     )
+
+
+def heartbeat(details: dict[str, Any]) -> None:
+    """Heartbeat, except in a local activity (which has no heartbeats: the server never sees
+    it, and its worker's death is noticed by the workflow task instead)."""
+    if not activity.info().is_local:
+        activity.heartbeat(details)
 
 
 def previous_details() -> dict[str, Any]:
@@ -174,7 +181,7 @@ async def keepalive(progress: dict[str, Any], every: float) -> AsyncIterator[Non
 
     async def beat() -> None:
         while True:
-            activity.heartbeat(dict(progress))
+            heartbeat(dict(progress))
             await asyncio.sleep(every)
 
     task = asyncio.create_task(beat())

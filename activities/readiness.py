@@ -10,7 +10,7 @@ import time
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.base import ClientProvider, lost, not_ready, snapshot, translate
+from activities.base import ClientProvider, heartbeat, lost, not_ready, snapshot, translate
 from shepherd.models import PlatformJob, TrainerRef, WarmUpInput, WarmUpResult
 from shepherd.platform import PlatformError, RouteNotFound
 from shepherd.states import JobState
@@ -92,7 +92,7 @@ class ReadinessActivities:
                         f"route to {inp.trainer_job_id} not on every gateway replica yet "
                         f"({races} route 404s in this attempt)"
                     ) from None
-                activity.heartbeat({"route_races": races})
+                heartbeat({"route_races": races})
                 await asyncio.sleep(policies.WARMUP_PROBE_SPACING.total_seconds())
             except PlatformError as exc:
                 raise ApplicationError(

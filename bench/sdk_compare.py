@@ -137,6 +137,10 @@ class FireworksLoopClient:
             params = fw_types.AdamParams(**params)
         return self.tc.optim_step(params)
 
+    @property
+    def tokenizer_name(self) -> str:
+        return str(self.tokenizer_dir)
+
     def get_tokenizer(self) -> Any:
         # The SDK does not ask the trainer for a tokenizer (its get_tokenizer needs a
         # tokenizer_model): the stand-in LM's byte-level tokenizer, written locally.

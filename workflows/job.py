@@ -384,7 +384,7 @@ class TrainingJobWorkflow:
                 checkpoint=self._to_load,
                 call_timeout_s=self._call_timeout_s(),
             ),
-            self.pol.data_plane_call,
+            self.pol.open_model,
             f"load {self._to_load.rsplit('/', 1)[-1]}" if self._to_load else "create the model",
         )
         self._session = opened.session
@@ -882,6 +882,10 @@ class TrainingJobWorkflow:
         timeout_type: str = "Timeout",
     ) -> T:
         try:
+            if policy.local:
+                return await workflow.execute_local_activity_method(
+                    fn, arg, **policy.options(), summary=summary
+                )
             return await workflow.execute_activity_method(
                 fn, arg, **self._options(policy), summary=summary
             )

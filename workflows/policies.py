@@ -78,10 +78,10 @@ DEFAULT_MAX_CONTEXT_LENGTH = 8192
 # so they run inside one activity, bounded here.
 
 #: Warm-up: after a route 404 (the control plane says RUNNING) the next probe follows this
-#: soon. Routes reach gateway replicas in tens to hundreds of milliseconds; probing every
-#: 50 ms costs nothing next to a training step and starts training within ~50 ms of the
-#: route being everywhere.
-WARMUP_PROBE_SPACING = timedelta(milliseconds=50)
+#: soon. Routes reach gateway replicas in tens to hundreds of milliseconds; a probe (and the
+#: control-plane read that verifies its 404) costs a few milliseconds, so probing every
+#: 20 ms starts training within ~20 ms of the route being everywhere at a negligible load.
+WARMUP_PROBE_SPACING = timedelta(milliseconds=20)
 #: Warm-up: how long one attempt keeps probing before handing back to the activity's
 #: retry policy (which then backs off in seconds: a route that takes this long is not a
 #: race but a slow gateway).
@@ -96,6 +96,9 @@ class ActivityPolicy:
     retry: RetryPolicy
     schedule_to_close: timedelta | None = None
     heartbeat: timedelta | None = None
+    #: Run as a local activity (on the workflow's worker, no task-queue round trip): only for
+    #: short, bounded attempts that sit on a latency-critical path.
+    local: bool = False
 
     def options(self) -> dict[str, Any]:
         """Keyword arguments for ``workflow.execute_activity`` / ``start_activity``."""
@@ -159,6 +162,8 @@ class Policies:
     train_chunk: ActivityPolicy
     #: save_weights / evaluate / load_weights: one data-plane call each.
     data_plane_call: ActivityPolicy
+    #: Create the model on a (re)started trainer, from a checkpoint where one is due.
+    open_model: ActivityPolicy
     #: Resume is idempotent in effect (a lost response is reconciled by the activity).
     resume_trainer: ActivityPolicy
     #: Promotion can take minutes on the hosted platform; waiting for the model is polling.
@@ -193,7 +198,11 @@ class Policies:
             wait_running=_poll(p.poll_interval, p.ready_timeout),
             # Deaths settle in seconds; poll at least every 2 s, give up at the ready timeout.
             wait_resumable=_poll(min(p.poll_interval, timedelta(seconds=2)), p.ready_timeout),
+            # Local: one attempt is at most WARMUP_ATTEMPT_BUDGET of probes, and it sits
+            # between RUNNING and the first training call, where a regular activity's
+            # scheduling round trip (~40 ms on the dev server) is a sizeable share of the lag.
             warm_up=ActivityPolicy(
+                local=True,
                 start_to_close=timedelta(seconds=45),
                 schedule_to_close=p.warmup_timeout,
                 retry=RetryPolicy(
@@ -212,6 +221,13 @@ class Policies:
                 retry=_TRANSIENT,
             ),
             data_plane_call=data_plane,
+            # Local, like warm-up: opening a model is a few short calls right before the
+            # first training call. Loading a large checkpoint may take minutes on a real
+            # trainer; a local activity may run that long (its worker's death is noticed
+            # through the workflow task, and the attempt is retried).
+            open_model=ActivityPolicy(
+                local=True, start_to_close=p.step_timeout + timedelta(minutes=1), retry=_TRANSIENT
+            ),
             resume_trainer=ActivityPolicy(start_to_close=timedelta(seconds=45), retry=_TRANSIENT),
             promote=ActivityPolicy(start_to_close=timedelta(minutes=2), retry=_TRANSIENT),
             wait_model=_poll(timedelta(seconds=2), timedelta(hours=1)),
