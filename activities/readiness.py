@@ -75,17 +75,22 @@ class ReadinessActivities:
         trainer = await client.trainer(inp.trainer_job_id)
         budget_end = time.monotonic() + policies.WARMUP_ATTEMPT_BUDGET.total_seconds()
         consecutive = races = 0
+        verified_until = 0.0  # the control plane said RUNNING; trusted until then
         while consecutive < inp.probes:
             try:
                 await trainer.healthz()
                 consecutive += 1
             except RouteNotFound:
-                try:
-                    job = snapshot(await client.get_job(inp.trainer_job_id))
-                except PlatformError as exc:
-                    raise translate(exc, "checking the trainer during warm-up") from None
-                if job.state != JobState.RUNNING.value:
-                    raise lost(job) from None
+                if time.monotonic() >= verified_until:
+                    try:
+                        job = snapshot(await client.get_job(inp.trainer_job_id))
+                    except PlatformError as exc:
+                        raise translate(exc, "checking the trainer during warm-up") from None
+                    if job.state != JobState.RUNNING.value:
+                        raise lost(job) from None
+                    verified_until = (
+                        time.monotonic() + policies.WARMUP_REVERIFY_AFTER.total_seconds()
+                    )
                 consecutive, races = 0, races + 1
                 if time.monotonic() >= budget_end:
                     raise not_ready(

@@ -268,7 +268,28 @@ async def activities_of(handle: WorkflowHandle[Any, Any]) -> tuple[int, list[dic
             act = acts.get(getattr(e, attr).scheduled_event_id)
             if act is not None and act["outcome"] != "completed":
                 act["outcome"] = label
+        elif (local := local_activity(e)) is not None:
+            data, result = local
+            acts[e.event_id] = {
+                "name": data["activity_type"],
+                "attempts": int(data.get("attempt", 1)),
+                "outcome": "completed" if result is not None else "failed",
+                "local": True,
+            }
     return count, list(acts.values())
+
+
+def local_activity(e: Any) -> tuple[dict[str, Any], dict[str, Any] | None] | None:
+    """A local activity's marker (warm-up and model opening run as local activities):
+    its data (type, attempt) and its result, or None for any other event."""
+    if e.event_type != EventType.EVENT_TYPE_MARKER_RECORDED:
+        return None
+    attrs = e.marker_recorded_event_attributes
+    if attrs.marker_name != "core_local_activity" or "data" not in attrs.details:
+        return None
+    data = json.loads(attrs.details["data"].payloads[0].data)
+    result = attrs.details["result"].payloads if "result" in attrs.details else []
+    return data, (json.loads(result[0].data) if result else None)
 
 
 def attempts_by_name(acts: list[dict[str, Any]]) -> dict[str, int]:
@@ -310,6 +331,10 @@ async def model_of(handle: WorkflowHandle[Any, Any]) -> str:
             done = e.activity_task_completed_event_attributes
             if opened.get(done.scheduled_event_id) and done.result.payloads:
                 model_id = json.loads(done.result.payloads[0].data)["session"]["model_id"]
+        elif (local := local_activity(e)) is not None:
+            data, result = local
+            if data["activity_type"] == "open_model" and result:
+                model_id = result["session"]["model_id"]
     if model_id is None:
         raise RuntimeError(f"{handle.id}: no open_model has completed yet")
     return str(model_id)

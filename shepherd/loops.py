@@ -201,10 +201,10 @@ def _parse_env(value: str) -> dict[str, str]:
 def registered(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """Every loop this worker knows: name -> where it comes from."""
     env = os.environ if env is None else env
-    refs = {name: "built in" for name in BUILTIN}
-    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        refs.setdefault(ep.name, ep.value)
+    refs = {ep.name: ep.value for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
     refs.update(_parse_env(env.get(ENV_VAR, "")))
+    # Built-in names cannot be taken over: a spec saying "supervised" means Shepherd's loop.
+    refs.update({name: "built in" for name in BUILTIN})
     return refs
 
 

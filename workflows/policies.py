@@ -79,9 +79,15 @@ DEFAULT_MAX_CONTEXT_LENGTH = 8192
 
 #: Warm-up: after a route 404 (the control plane says RUNNING) the next probe follows this
 #: soon. Routes reach gateway replicas in tens to hundreds of milliseconds; a probe (and the
-#: control-plane read that verifies its 404) costs a few milliseconds, so probing every
-#: 20 ms starts training within ~20 ms of the route being everywhere at a negligible load.
+#: control-plane read that verifies its 404, at most every WARMUP_REVERIFY_AFTER) costs a
+#: few milliseconds, so probing every 20 ms starts training within ~20 ms of the route
+#: being everywhere, at a load that lasts only while the route propagates (5 ms measured
+#: no better: bench/recovery.py section a).
 WARMUP_PROBE_SPACING = timedelta(milliseconds=20)
+#: Warm-up: a 404 is checked against the control plane (RUNNING: the route race; else the
+#: trainer is gone), then trusted for this long, so fine probe spacing does not turn into a
+#: control-plane read every 20 ms. A trainer that dies meanwhile is still noticed within it.
+WARMUP_REVERIFY_AFTER = timedelta(milliseconds=500)
 #: Warm-up: how long one attempt keeps probing before handing back to the activity's
 #: retry policy (which then backs off in seconds: a route that takes this long is not a
 #: race but a slow gateway).
