@@ -32,6 +32,7 @@ from shepherd.models import (
     ChunkResult,
     EvaluateInput,
     EvaluateResult,
+    LoopSettings,
     OpenModelInput,
     OpenModelResult,
     TrainChunkInput,
@@ -80,19 +81,9 @@ def training_client(
     )
 
 
-def loop_context(tc: TrainingClient, inp: Any) -> loops.LoopContext:
-    s = inp.settings
-    return loops.LoopContext(
-        training_client=tc,
-        dataset=s.dataset,
-        batch_size=s.batch_size,
-        micro_batches=s.micro_batches,
-        seed=s.seed,
-        learning_rate=s.learning_rate,
-        max_context_length=s.max_context_length,
-        validation_split=s.validation_split,
-        total_steps=s.total_steps,
-    )
+def loop_context(tc: TrainingClient, settings: LoopSettings) -> loops.LoopContext:
+    """What the loop is told: the job's loop settings (every field but the loop's name)."""
+    return loops.LoopContext(training_client=tc, **settings.model_dump(exclude={"loop"}))
 
 
 def _resolve_loop(name: str) -> loops.Loop:
@@ -210,7 +201,7 @@ class TrainingActivities:
             next_seq = max(next_seq, int(before.get("next_seq", next_seq)))
         session = inp.session.model_copy(update={"next_seq": next_seq})
         tc = training_client(trainer, session, inp.base_model, inp.step_timeout_s)
-        ctx = loop_context(tc, inp)
+        ctx = loop_context(tc, inp.settings)
         progress: dict[str, Any] = {
             "step": start_step,
             "next_seq": next_seq,
@@ -305,7 +296,7 @@ class TrainingActivities:
         loop = _resolve_loop(inp.settings.loop)
         races = int(previous_details().get("route_races", 0))
         tc = training_client(trainer, inp.session, inp.base_model, inp.call_timeout_s)
-        ctx = loop_context(tc, inp)
+        ctx = loop_context(tc, inp.settings)
         evaluate = getattr(loop, "evaluate", None) or loops.BUILTIN["supervised"].evaluate  # type: ignore[attr-defined]
         progress = {"route_races": races}
         try:

@@ -30,13 +30,14 @@ from temporalio.worker import Worker
 
 from localplane.admin import PlaneAdmin
 from localplane.process import PlaneProcess
-from shepherd import binaries, loops
+from shepherd import binaries
 from shepherd import search_attributes as sa
 from shepherd.logging import configure_logging
-from shepherd.models import JobInput, JobStatus
+from shepherd.models import JobInput, JobStatus, LoopSettings
 from shepherd.platform import PlatformClient, RouteNotFound, TrainerClient
 from shepherd.platform.client import JsonTransport
-from shepherd.spec import JobSpec
+from shepherd.platform.models import CreateTrainerJobRequest, TrainingConfig
+from shepherd.spec import JobSpec, validate_spec
 from shepherd.states import JobState
 from shepherd.tinker_client import TrainingClient
 from workers.config import BackendProfile, BackendRegistry
@@ -240,29 +241,79 @@ async def open_training_client(
     )
 
 
-def loop_context(
-    tc: Any,
-    *,
-    dataset: str,
-    batch_size: int,
-    seed: int,
-    learning_rate: float,
-    max_context_length: int,
-    total_steps: int,
-    micro_batches: int = 1,
-    validation_split: float = 0.1,
-) -> loops.LoopContext:
-    """The context the training activity hands a loop, for the same settings (the spec's)."""
-    return loops.LoopContext(
-        training_client=tc,
-        dataset=dataset,
+# ------------------------------------------------------ one supervised job, two ways
+# overhead.py and sdk_compare.py run the same job bare (a client, no workflow) and through
+# Shepherd: these are its settings, its trainer, its spec and its loop context, once.
+
+BASE_MODEL = "accounts/fireworks/models/qwen3-8b"
+#: The trainer's and the loop's token budget per record.
+MAX_CONTEXT_LENGTH = 512
+#: Per training call, like Shepherd's default step_timeout (a slow emulated step is fine).
+STEP_TIMEOUT_S = 600.0
+
+
+def supervised_settings(*, steps: int, batch_size: int) -> LoopSettings:
+    return LoopSettings(
+        loop="supervised",
+        dataset="synthetic:text",
         batch_size=batch_size,
-        micro_batches=micro_batches,
-        seed=seed,
-        learning_rate=learning_rate,
-        max_context_length=max_context_length,
-        validation_split=validation_split,
-        total_steps=total_steps,
+        micro_batches=1,
+        seed=0,
+        learning_rate=3e-3,
+        max_context_length=MAX_CONTEXT_LENGTH,
+        validation_split=0.1,
+        total_steps=steps,
+    )
+
+
+def supervised_trainer(settings: LoopSettings, step_ms: float) -> dict[str, Any]:
+    """The trainer section of the job (a spec's ``trainer``), ``step_ms`` of emulated GPU time."""
+    return {
+        "base_model": BASE_MODEL,
+        "lora_rank": 0,
+        "learning_rate": settings.learning_rate,
+        "max_context_length": settings.max_context_length,
+        "extra_args": [f"--compute-delay-ms={step_ms:g}"],
+    }
+
+
+def supervised_create_request(
+    job_id: str, settings: LoopSettings, step_ms: float
+) -> CreateTrainerJobRequest:
+    """The body Shepherd's ``create_trainer`` activity sends for :func:`supervised_spec`."""
+    t = supervised_trainer(settings, step_ms)
+    return CreateTrainerJobRequest(
+        display_name=job_id,
+        dataset="",
+        training_config=TrainingConfig(
+            base_model=t["base_model"],
+            lora_rank=t["lora_rank"],
+            learning_rate=t["learning_rate"],
+            max_context_length=t["max_context_length"],
+            extra_args=[*t["extra_args"], f"--seed={settings.seed}"],
+        ),
+        preemptible=False,
+        inactivity_timeout="3600s",
+    )
+
+
+def supervised_spec(
+    name: str, settings: LoopSettings, step_ms: float, checkpoint: dict[str, Any]
+) -> JobSpec:
+    return validate_spec(
+        {
+            "name": name,
+            "trainer": supervised_trainer(settings, step_ms),
+            "training": {
+                "loop": settings.loop,
+                "total_steps": settings.total_steps,
+                "seed": settings.seed,
+                "batch_size": settings.batch_size,
+                "dataset": settings.dataset,
+            },
+            "checkpoint": checkpoint,
+            "output": {"promote": "none"},
+        }
     )
 
 

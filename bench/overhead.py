@@ -46,18 +46,19 @@ import numpy as np
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHandle
 
+from activities.checkpoints import SAMPLER_SUFFIX
+from activities.training import loop_context
 from shepherd import loops
 from shepherd.models import JobStatus
-from shepherd.platform.models import CreateTrainerJobRequest, TrainingConfig
-from shepherd.spec import JobSpec, validate_spec
 
 # isort: split
 # bench/ is sys.path[0] when a script runs as `python bench/<name>.py`: not a package import.
 from common import (
+    BASE_MODEL,
+    STEP_TIMEOUT_S,
     Runner,
     Stack,
     log,
-    loop_context,
     machine,
     no_plot,
     open_training_client,
@@ -68,6 +69,10 @@ from common import (
     save_plot,
     shepherd_stack,
     shepherd_worker,
+    supervised_create_request,
+    supervised_settings,
+    supervised_spec,
+    supervised_trainer,
     wait_running,
     warm,
 )
@@ -75,17 +80,7 @@ from common import (
 #: The plane's defaults (route lag 0-0.3 s per gateway replica, no injected faults), with
 #: room for the warm-up job's trainer next to the measured one.
 PLANE_CONFIG: dict[str, Any] = {"capacity": 4}
-BASE_MODEL = "accounts/fireworks/models/qwen3-8b"
-LEARNING_RATE = 3e-3
-SEED = 0
-DATASET = "synthetic:text"
-#: Set on both runs (the trainer's and the loop's token budget per record).
-MAX_CONTEXT_LENGTH = 512
-#: The suffix Shepherd's save_checkpoint gives the promotable twin of a checkpoint.
-SAMPLER_SUFFIX = "-sampler"
 TARGET_RATIO = 1.05
-#: Per training call, like Shepherd's default step_timeout (a slow emulated step is fine).
-STEP_TIMEOUT_S = 600.0
 DEFAULT_OUT = Path(__file__).resolve().parent / "out" / "overhead.png"
 
 #: How Shepherd's phases and the bare loop's stretches line up, for the side-by-side view.
@@ -104,23 +99,6 @@ CATEGORIES: list[tuple[str, list[str], list[str]]] = [
 # ---------------------------------------------------------------------- the bare loop
 
 
-def create_request(job_id: str, step_ms: float) -> CreateTrainerJobRequest:
-    """The body Shepherd's ``create_trainer`` activity sends for the same spec."""
-    return CreateTrainerJobRequest(
-        display_name=job_id,
-        dataset="",
-        training_config=TrainingConfig(
-            base_model=BASE_MODEL,
-            lora_rank=0,
-            learning_rate=LEARNING_RATE,
-            max_context_length=MAX_CONTEXT_LENGTH,
-            extra_args=[f"--compute-delay-ms={step_ms:g}", f"--seed={SEED}"],
-        ),
-        preemptible=False,
-        inactivity_timeout="3600s",
-    )
-
-
 async def run_bare(st: Stack, job_id: str, args: argparse.Namespace) -> dict[str, Any]:
     client = st.platform
     phases: defaultdict[str, float] = defaultdict(float)
@@ -133,7 +111,8 @@ async def run_bare(st: Stack, job_id: str, args: argparse.Namespace) -> dict[str
 
     log(f"bare: {job_id}: {args.steps} steps x {args.step_ms:g} ms, checkpoint every {args.every}")
     start = mark = clock()
-    await client.create_job(job_id, create_request(job_id, args.step_ms))
+    settings = supervised_settings(steps=args.steps, batch_size=args.batch_size)
+    await client.create_job(job_id, supervised_create_request(job_id, settings, args.step_ms))
     try:
         mark = since(mark, "create")
         async with asyncio.timeout(300):
@@ -143,16 +122,10 @@ async def run_bare(st: Stack, job_id: str, args: argparse.Namespace) -> dict[str
         async with asyncio.timeout(120):
             route_404s = await warm(trainer)
         mark = since(mark, "warm_up")
-        tc = await open_training_client(trainer, BASE_MODEL, seed=SEED, timeout=STEP_TIMEOUT_S)
-        ctx = loop_context(
-            tc,
-            dataset=DATASET,
-            batch_size=args.batch_size,
-            seed=SEED,
-            learning_rate=LEARNING_RATE,
-            max_context_length=MAX_CONTEXT_LENGTH,
-            total_steps=args.steps,
+        tc = await open_training_client(
+            trainer, BASE_MODEL, seed=settings.seed, timeout=STEP_TIMEOUT_S
         )
+        ctx = loop_context(tc, settings)
         loop = loops.Supervised()
         mark = since(mark, "open_model")
         for step in range(1, args.steps + 1):
@@ -188,30 +161,6 @@ async def run_bare(st: Stack, job_id: str, args: argparse.Namespace) -> dict[str
 # ---------------------------------------------------------------------- through Shepherd
 
 
-def shepherd_spec(name: str, steps: int, every: int, step_ms: float, batch_size: int) -> JobSpec:
-    return validate_spec(
-        {
-            "name": name,
-            "trainer": {
-                "base_model": BASE_MODEL,
-                "learning_rate": LEARNING_RATE,
-                "max_context_length": MAX_CONTEXT_LENGTH,
-                "extra_args": [f"--compute-delay-ms={step_ms:g}"],
-            },
-            "training": {
-                "loop": "supervised",
-                "total_steps": steps,
-                "seed": SEED,
-                "batch_size": batch_size,
-                "dataset": DATASET,
-            },
-            # Keep every checkpoint: the bare loop prunes none either.
-            "checkpoint": {"every_steps": every, "keep_last": min(1000, steps // every + 1)},
-            "output": {"promote": "none"},
-        }
-    )
-
-
 async def history_summary(handle: WorkflowHandle[Any, Any]) -> dict[str, Any]:
     events = 0
     scheduled: Counter[str] = Counter()
@@ -237,7 +186,13 @@ async def history_summary(handle: WorkflowHandle[Any, Any]) -> dict[str, Any]:
 async def run_shepherd(
     st: Stack, runner: Runner, name: str, steps: int, every: int, step_ms: float, batch_size: int
 ) -> dict[str, Any]:
-    spec = shepherd_spec(name, steps, every, step_ms, batch_size)
+    spec = supervised_spec(
+        name,
+        supervised_settings(steps=steps, batch_size=batch_size),
+        step_ms,
+        # Keep every checkpoint: the bare loop prunes none either.
+        {"every_steps": every, "keep_last": min(1000, steps // every + 1)},
+    )
     log(f"shepherd: {name}: {steps} steps x {step_ms:g} ms, checkpoint every {every}")
     start = time.perf_counter()
     handle = await runner.start(spec)
@@ -398,6 +353,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     ratio = median(ratios)
     chosen = min(rounds, key=lambda x: abs(x["ratio"] - ratio))
     floor = args.steps * args.step_ms / 1000
+    settings = supervised_settings(steps=args.steps, batch_size=args.batch_size)
     return {
         "benchmark": "overhead",
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -409,18 +365,10 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             "checkpoints": args.steps // args.every + (args.steps % args.every != 0),
             "rounds": args.rounds,
             "order": "each round: bare loop first, then Shepherd, sequentially on the same plane",
-            "trainer": {
-                "base_model": BASE_MODEL,
-                "lora_rank": 0,
-                "learning_rate": LEARNING_RATE,
-                "max_context_length": MAX_CONTEXT_LENGTH,
-                "extra_args": [f"--compute-delay-ms={args.step_ms:g}"],
-            },
+            "trainer": supervised_trainer(settings, args.step_ms),
             "loop": {
                 "name": "supervised (shepherd.loops.Supervised, the same object in both runs)",
-                "dataset": DATASET,
-                "batch_size": args.batch_size,
-                "micro_batches": 1,
+                **settings.model_dump(exclude={"loop", "total_steps"}),
                 "checkpoint": "save_state + save_weights_for_sampler, then the loop's evaluate",
             },
             "shepherd": {

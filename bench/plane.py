@@ -52,6 +52,7 @@ from shepherd.platform.models import CreateTrainerJobRequest, TrainingConfig
 # isort: split
 # bench/ is sys.path[0] when a script runs as `python bench/<name>.py`: not a package import.
 from common import (
+    BASE_MODEL,
     direct_trainer,
     log,
     machine,
@@ -71,7 +72,6 @@ PLANE_CONFIG = {
     "controlPlane5xxRate": 0,
     "capacity": 4,
 }
-BASE_MODEL = "accounts/fireworks/models/qwen3-8b"
 JOB_ID = "bench-plane"
 #: HTTP requests per measured step: (submit + retrieve_future) x (forward_backward, optim_step).
 REQUESTS_PER_STEP = 4

@@ -61,6 +61,8 @@ from shepherd.states import JobState
 # isort: split
 # bench/ is sys.path[0] when a script runs as `python bench/<name>.py`: not a package import.
 from common import (
+    BASE_MODEL,
+    MAX_CONTEXT_LENGTH,
     Runner,
     direct_trainer,
     log,
@@ -78,15 +80,12 @@ from common import (
 from common import Stack as SharedStack
 
 PLANE_CONFIG: dict[str, Any] = {"capacity": 4}
-BASE_MODEL = "accounts/fireworks/models/qwen3-8b"
 #: One job, start to finish, is bounded by this (a hang fails the section, not the machine).
 RUN_TIMEOUT_S = 180.0
 RECOVERY_TARGET_S = 1.0
 #: (a): RUNNING → first training call accepted, with events and the default route lag.
 READINESS_TARGET_S = 0.3
 READINESS_TARGET_CONFIG = "events (bridge, poll 5s)"
-#: Set explicitly (the loop's token budget per record and the trainer's).
-MAX_CONTEXT_LENGTH = 512
 DEFAULT_OUT = Path(__file__).resolve().parent / "out" / "recovery.png"
 
 #: (b): per-replica route lag ranges, seconds.

@@ -55,20 +55,21 @@ from fireworks.training.sdk import types as fw_types
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHandle
 
+from activities.training import loop_context
 from localplane.trainer.tokenizer import write_tokenizer_dir
 from shepherd import loops
-from shepherd.models import JobStatus
-from shepherd.platform.models import CreateTrainerJobRequest, TrainingConfig
-from shepherd.spec import JobSpec, validate_spec
+from shepherd.models import JobStatus, LoopSettings
+from shepherd.spec import JobSpec
 from shepherd.tinker_client import load_tokenizer
 
 # isort: split
 # bench/ is sys.path[0] when a script runs as `python bench/<name>.py`: not a package import.
 from common import (
+    BASE_MODEL,
+    STEP_TIMEOUT_S,
     Runner,
     Stack,
     log,
-    loop_context,
     machine,
     no_plot,
     open_training_client,
@@ -80,19 +81,16 @@ from common import (
     shepherd_stack,
     shepherd_worker,
     summary,
+    supervised_create_request,
+    supervised_settings,
+    supervised_spec,
+    supervised_trainer,
     wait_running,
     warm,
 )
 
 PLANE_CONFIG: dict[str, Any] = {"capacity": 4}
-BASE_MODEL = "accounts/fireworks/models/qwen3-8b"
-LEARNING_RATE = 3e-3
-SEED = 0
-DATASET = "synthetic:text"
-MAX_CONTEXT_LENGTH = 512
 TARGET_RATIO = 1.05
-#: Per training call (a slow emulated step is fine).
-STEP_TIMEOUT_S = 600.0
 #: Job creation to a warm route, and one whole driver run, are bounded by these.
 STARTUP_TIMEOUT_S = 120.0
 RUN_TIMEOUT_S = 1800.0
@@ -150,36 +148,11 @@ class FireworksLoopClient:
 # ---------------------------------------------------------------------- the bare drivers
 
 
-def create_request(job_id: str, step_ms: float) -> CreateTrainerJobRequest:
-    """The body Shepherd's ``create_trainer`` activity sends for the job's spec."""
-    return CreateTrainerJobRequest(
-        display_name=job_id,
-        dataset="",
-        training_config=TrainingConfig(
-            base_model=BASE_MODEL,
-            lora_rank=0,
-            learning_rate=LEARNING_RATE,
-            max_context_length=MAX_CONTEXT_LENGTH,
-            extra_args=[f"--compute-delay-ms={step_ms:g}", f"--seed={SEED}"],
-        ),
-        preemptible=False,
-        inactivity_timeout="3600s",
-    )
-
-
 async def drive(
     tc: Any, drain: Callable[[], Awaitable[None]], args: argparse.Namespace
 ) -> tuple[list[float], list[float]]:
     """The supervised loop over ``tc`` for ``--steps`` steps: (step ms, loss) per step."""
-    ctx = loop_context(
-        tc,
-        dataset=DATASET,
-        batch_size=args.batch_size,
-        seed=SEED,
-        learning_rate=LEARNING_RATE,
-        max_context_length=MAX_CONTEXT_LENGTH,
-        total_steps=args.steps,
-    )
+    ctx = loop_context(tc, _settings(args))
     loop = loops.Supervised()
     times, losses = [], []
     for step in range(1, args.steps + 1):
@@ -201,7 +174,9 @@ async def run_bare(
     job_id = f"sdk-{driver.replace('_', '-')}-{uuid.uuid4().hex[:6]}"
     log(f"{driver}: {job_id}: {args.steps} steps x {args.step_ms:g} ms")
     client = st.platform
-    await client.create_job(job_id, create_request(job_id, args.step_ms))
+    await client.create_job(
+        job_id, supervised_create_request(job_id, _settings(args), args.step_ms)
+    )
     try:
         async with asyncio.timeout(STARTUP_TIMEOUT_S):
             await wait_running(client, job_id, last_event_id=0)
@@ -225,7 +200,7 @@ async def run_bare(
                     await asyncio.to_thread(service.close)
             else:
                 tc = await open_training_client(
-                    gateway, BASE_MODEL, seed=SEED, timeout=STEP_TIMEOUT_S
+                    gateway, BASE_MODEL, seed=_settings(args).seed, timeout=STEP_TIMEOUT_S
                 )
                 times, losses = await drive(tc, tc.drain, args)
     finally:
@@ -244,28 +219,14 @@ async def run_bare(
 # ---------------------------------------------------------------------- through Shepherd
 
 
+def _settings(args: argparse.Namespace) -> LoopSettings:
+    return supervised_settings(steps=args.steps, batch_size=args.batch_size)
+
+
 def shepherd_spec(name: str, args: argparse.Namespace) -> JobSpec:
-    return validate_spec(
-        {
-            "name": name,
-            "trainer": {
-                "base_model": BASE_MODEL,
-                "learning_rate": LEARNING_RATE,
-                "max_context_length": MAX_CONTEXT_LENGTH,
-                "extra_args": [f"--compute-delay-ms={args.step_ms:g}"],
-            },
-            "training": {
-                "loop": "supervised",
-                "total_steps": args.steps,
-                "seed": SEED,
-                "batch_size": args.batch_size,
-                "dataset": DATASET,
-            },
-            # One checkpoint, at the end: the training steps run uninterrupted.
-            "checkpoint": {"every_steps": args.steps, "keep_last": 1},
-            "output": {"promote": "none"},
-        }
-    )
+    # One checkpoint, at the end: the training steps run uninterrupted.
+    checkpoint = {"every_steps": args.steps, "keep_last": 1}
+    return supervised_spec(name, _settings(args), args.step_ms, checkpoint)
 
 
 def _time(e: Any) -> datetime:
@@ -412,19 +373,10 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             "step_ms": args.step_ms,
             "rounds": args.rounds,
             "order": "each round: fireworks, shepherd_client, shepherd; one fresh trainer each",
-            "trainer": {
-                "base_model": BASE_MODEL,
-                "lora_rank": 0,
-                "learning_rate": LEARNING_RATE,
-                "max_context_length": MAX_CONTEXT_LENGTH,
-                "extra_args": [f"--compute-delay-ms={args.step_ms:g}", f"--seed={SEED}"],
-            },
+            "trainer": supervised_trainer(_settings(args), args.step_ms),
             "loop": {
                 "name": "supervised (shepherd.loops.Supervised)",
-                "dataset": DATASET,
-                "batch_size": args.batch_size,
-                "micro_batches": 1,
-                "seed": SEED,
+                **_settings(args).model_dump(exclude={"loop", "total_steps"}),
             },
             "fireworks_sdk": "fireworks-ai FiretitanServiceClient.create_training_client "
             "(Fireworks-style key, the job's gateway URL)",
