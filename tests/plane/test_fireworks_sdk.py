@@ -7,7 +7,6 @@ logical name, optimizer included. The plane's stats show the SDK spoke only JSON
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 
 import pytest
 from fireworks.training import sdk
@@ -18,54 +17,40 @@ from fireworks.training.sdk import (
 )
 from transformers import AutoTokenizer
 
-from localplane.process import PlaneProcess
 from tests.plane.sdk_support import (
     BASE_MODEL,
     CORPUS,
     RESULT_TIMEOUT,
     PlaneHttp,
     byte_datums,
-    plane_http,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("hub_offline")]
 
 ADAM = sdk.AdamParams(learning_rate=1e-2)
 #: The SDK's readiness poll defaults to 5 s; the plane is up in well under a second.
 POLL = 0.1
 
 
-@pytest.fixture
-def http(plane: PlaneProcess) -> Iterator[PlaneHttp]:
-    with plane_http(plane) as client:
-        yield client
-
-
-@pytest.fixture(autouse=True)
-def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
-
-
 def _loss(result: sdk.ForwardBackwardOutput) -> float:
     return result.metrics["loss:sum"]
 
 
-def test_fireworks_sdk_end_to_end(http: PlaneHttp) -> None:
-    account = http.new_account("fireworks")
+def test_fireworks_sdk_end_to_end(sdk_http: PlaneHttp) -> None:
+    account = sdk_http.new_account("fireworks")
     assert not account.api_key.startswith("tml-")  # what Fireworks users hold
-    manager = TrainerJobManager(api_key=account.api_key, base_url=http.url)
+    manager = TrainerJobManager(api_key=account.api_key, base_url=sdk_http.url)
     assert manager.account_id == account.id
     job_id = f"fw-{uuid.uuid4().hex[:8]}"
     config = TrainerJobConfig(
         base_model=BASE_MODEL, lora_rank=4, learning_rate=1e-2, requested_job_id=job_id
     )
-    http.adopt_job(account, job_id)
+    sdk_http.adopt_job(account, job_id)
     endpoint = manager.create_and_wait(config, poll_interval_s=POLL, timeout_s=60)
     assert endpoint.job_id == job_id
-    assert endpoint.base_url == http.trainer_base_url(account, job_id)
+    assert endpoint.base_url == sdk_http.trainer_base_url(account, job_id)
     # FiretitanServiceClient opens its session on construction: warm the route first (§5).
-    http.warm(account, endpoint.base_url)
+    sdk_http.warm(account, endpoint.base_url)
     data = byte_datums(sdk, CORPUS)
 
     service = FiretitanServiceClient(base_url=endpoint.base_url, api_key=account.api_key)
@@ -105,7 +90,7 @@ def test_fireworks_sdk_end_to_end(http: PlaneHttp) -> None:
         assert listed[saved.snapshot_name]["promotable"]
         # An operation not done in the answer makes the SDK sleep 10 s before polling it;
         # an instant promotion keeps the test short (the async path has its own tests).
-        with http.faults(promotionSeconds=0.0):
+        with sdk_http.faults(promotionSeconds=0.0):
             model = manager.promote_checkpoint(
                 name=listed[saved.snapshot_name]["name"],
                 output_model_id=f"m-{job_id}",
@@ -115,16 +100,16 @@ def test_fireworks_sdk_end_to_end(http: PlaneHttp) -> None:
     finally:
         service.close()
 
-    served = http.data_plane(account, job_id)
+    served = sdk_http.data_plane(account, job_id)
     assert served.get("json:forward_backward", 0) >= 3
     assert served.get("json:forward", 0) >= 3
     assert not [op for op in served if op.startswith("protobuf:")], served
 
     # Preemption: reconnect_and_wait resumes the job; a new session reloads by logical name.
-    http.preempt(account, job_id)
-    http.wait_state(account, job_id, "JOB_STATE_FAILED")
+    sdk_http.preempt(account, job_id)
+    sdk_http.wait_state(account, job_id, "JOB_STATE_FAILED")
     endpoint = manager.reconnect_and_wait(job_id, poll_interval_s=POLL, timeout_s=60)
-    http.warm(account, endpoint.base_url)
+    sdk_http.warm(account, endpoint.base_url)
     service = FiretitanServiceClient(base_url=endpoint.base_url, api_key=account.api_key)
     try:
         resumed = service.create_training_client(base_model=BASE_MODEL, lora_rank=4, seed=0)
@@ -138,4 +123,4 @@ def test_fireworks_sdk_end_to_end(http: PlaneHttp) -> None:
     finally:
         service.close()
     manager.delete(job_id)
-    http.wait_state(account, job_id, "JOB_STATE_DELETED")
+    sdk_http.wait_state(account, job_id, "JOB_STATE_DELETED")

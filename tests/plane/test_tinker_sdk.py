@@ -9,13 +9,11 @@ replica that has not learned a fresh route is fatal to it, although the trainer 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 
 import pytest
 import tinker
 from tinker import types
 
-from localplane.process import PlaneProcess
 from tests.plane.sdk_support import (
     BASE_MODEL,
     CORPUS,
@@ -23,48 +21,34 @@ from tests.plane.sdk_support import (
     PlaneHttp,
     SdkAccount,
     byte_datums,
-    plane_http,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("hub_offline")]
 
 ADAM = types.AdamParams(learning_rate=1e-2)
-
-
-@pytest.fixture
-def http(plane: PlaneProcess) -> Iterator[PlaneHttp]:
-    with plane_http(plane) as client:
-        yield client
-
-
-@pytest.fixture(autouse=True)
-def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
-    # get_tokenizer() must work from the trainer's local tokenizer directory, never the hub.
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
 
 
 def _loss(result: types.ForwardBackwardOutput) -> float:
     return result.metrics["loss:sum"]
 
 
-def _service(http: PlaneHttp, account: SdkAccount, job_id: str) -> tinker.ServiceClient:
+def _service(sdk_http: PlaneHttp, account: SdkAccount, job_id: str) -> tinker.ServiceClient:
     return tinker.ServiceClient(
-        base_url=http.trainer_base_url(account, job_id), api_key=account.api_key
+        base_url=sdk_http.trainer_base_url(account, job_id), api_key=account.api_key
     )
 
 
-def test_tinker_sdk_end_to_end(http: PlaneHttp) -> None:
-    account = http.new_account("tinker")
+def test_tinker_sdk_end_to_end(sdk_http: PlaneHttp) -> None:
+    account = sdk_http.new_account("tinker")
     assert account.api_key.startswith("tml-")  # the SDK refuses anything else client-side
     job_id = f"tinker-{uuid.uuid4().hex[:8]}"
-    http.create_job(account, job_id, lora_rank=4)
-    http.wait_state(account, job_id, "JOB_STATE_RUNNING")
+    sdk_http.create_job(account, job_id, lora_rank=4)
+    sdk_http.wait_state(account, job_id, "JOB_STATE_RUNNING")
     # The SDK takes any 404 as final (§5), so warm the route before it sends its first request.
-    http.warm(account, http.trainer_base_url(account, job_id))
+    sdk_http.warm(account, sdk_http.trainer_base_url(account, job_id))
     data = byte_datums(types, CORPUS)
 
-    service = _service(http, account, job_id)
+    service = _service(sdk_http, account, job_id)
     try:
         training = service.create_lora_training_client(
             base_model=BASE_MODEL, rank=4, seed=0
@@ -122,7 +106,7 @@ def test_tinker_sdk_end_to_end(http: PlaneHttp) -> None:
     finally:
         service.close("success").result(RESULT_TIMEOUT)
 
-    served = http.data_plane(account, job_id)
+    served = sdk_http.data_plane(account, job_id)
     # tinker sends forward_backward as protobuf; its other calls are JSON.
     assert served.get("protobuf:forward_backward", 0) + served.get("protobuf:forward", 0) >= 7
     assert served.get("json:forward_backward", 0) == 0
@@ -130,12 +114,12 @@ def test_tinker_sdk_end_to_end(http: PlaneHttp) -> None:
 
     # Preemption, then a resume through the control plane: a new trainer process and a new
     # session; the logical name still resolves, optimizer state included.
-    http.preempt(account, job_id)
-    http.wait_state(account, job_id, "JOB_STATE_FAILED")
-    http.resume(account, job_id)
-    http.wait_state(account, job_id, "JOB_STATE_RUNNING")
-    http.warm(account, http.trainer_base_url(account, job_id))
-    service = _service(http, account, job_id)
+    sdk_http.preempt(account, job_id)
+    sdk_http.wait_state(account, job_id, "JOB_STATE_FAILED")
+    sdk_http.resume(account, job_id)
+    sdk_http.wait_state(account, job_id, "JOB_STATE_RUNNING")
+    sdk_http.warm(account, sdk_http.trainer_base_url(account, job_id))
+    service = _service(sdk_http, account, job_id)
     try:
         resumed = service.create_training_client_from_state_with_optimizer("step-4").result(
             RESULT_TIMEOUT
@@ -150,27 +134,27 @@ def test_tinker_sdk_end_to_end(http: PlaneHttp) -> None:
         assert losses[1] < losses[0]
     finally:
         service.close("success").result(RESULT_TIMEOUT)
-    http.delete_job(account, job_id)
+    sdk_http.delete_job(account, job_id)
 
 
-def test_tinker_sdk_crashes_on_a_route_race_404(http: PlaneHttp) -> None:
+def test_tinker_sdk_crashes_on_a_route_race_404(sdk_http: PlaneHttp) -> None:
     """Why clients warm a route up (§5): right after RUNNING, a gateway replica that has not
     learned the route answers 404, and the tinker SDK gives up at once — no retry — although
     the trainer is healthy, as the same call a moment later shows."""
-    account = http.new_account("tinker")
+    account = sdk_http.new_account("tinker")
     job_id = f"race-{uuid.uuid4().hex[:8]}"
     # Every replica learns a new route only 3 s after the trainer is up: deterministic.
-    with http.faults(routeLagSeconds={"min": 3.0, "max": 3.0}):
-        http.create_job(account, job_id, lora_rank=0)
-        http.wait_state(account, job_id, "JOB_STATE_RUNNING")
+    with sdk_http.faults(routeLagSeconds={"min": 3.0, "max": 3.0}):
+        sdk_http.create_job(account, job_id, lora_rank=0)
+        sdk_http.wait_state(account, job_id, "JOB_STATE_RUNNING")
         with pytest.raises(tinker.NotFoundError):
             # The first request (client/config) lands on a replica without the route: 404.
-            _service(http, account, job_id).create_lora_training_client(
+            _service(sdk_http, account, job_id).create_lora_training_client(
                 base_model=BASE_MODEL, rank=0
             )
-        assert http.route_404s(account, job_id) >= 1
-        assert http.warm(account, http.trainer_base_url(account, job_id)) >= 1
-        service = _service(http, account, job_id)
+        assert sdk_http.route_404s(account, job_id) >= 1
+        assert sdk_http.warm(account, sdk_http.trainer_base_url(account, job_id)) >= 1
+        service = _service(sdk_http, account, job_id)
         try:
             training = service.create_lora_training_client(base_model=BASE_MODEL, rank=0).result(
                 RESULT_TIMEOUT
@@ -179,4 +163,4 @@ def test_tinker_sdk_crashes_on_a_route_race_404(http: PlaneHttp) -> None:
             assert out.result(RESULT_TIMEOUT).metrics["loss:sum"] > 0
         finally:
             service.close("success").result(RESULT_TIMEOUT)
-    http.delete_job(account, job_id)
+    sdk_http.delete_job(account, job_id)
