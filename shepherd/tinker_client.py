@@ -400,8 +400,8 @@ class SamplingClient:
         model_path: str | None,
         base_model: str,
         timeout: float,
+        next_sample_seq: Callable[[], int],
         tokenizer_name: str | None = None,
-        next_sample_seq: Callable[[], int] | None = None,
         sampling_session_id: str | None = None,
     ) -> None:
         self.trainer = trainer
@@ -416,7 +416,6 @@ class SamplingClient:
         if sampling_session_id is not None:
             self._session = asyncio.get_running_loop().create_future()
             self._session.set_result(sampling_session_id)
-        self._seq = 0
 
     def _sampling_session(self) -> Awaitable[str]:
         if self._session is None:
@@ -435,12 +434,11 @@ class SamplingClient:
         include_prompt_logprobs: bool = False,
         topk_prompt_logprobs: int = 0,
     ) -> APIFuture[types.SampleResponse]:
-        self._seq += 1
         body: dict[str, Any] = {
             "num_samples": num_samples,
             "prompt": model_input_json(prompt),
             "sampling_params": params_json(sampling_params),
-            "seq_id": self._next_sample_seq() if self._next_sample_seq else self._seq,
+            "seq_id": self._next_sample_seq(),
             "type": "sample",
         }
         if include_prompt_logprobs:
