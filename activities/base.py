@@ -22,6 +22,8 @@ from shepherd.models import PlatformJob
 from shepherd.platform import (
     AlreadyExists,
     FailedPrecondition,
+    FutureExpired,
+    FutureFailed,
     InvalidArgument,
     NotFound,
     PermissionDenied,
@@ -88,6 +90,10 @@ def lost(job: PlatformJob, *, applied_step: int | None = None) -> ApplicationErr
 
 
 _PERMANENT_TYPES: dict[type[PlatformError], str] = {
+    # The trainer forgot a result Shepherd still needs: its progress is not knowable.
+    FutureExpired: policies.TRAINER_BEHIND,
+    # A future that failed with a user error: the request itself is wrong.
+    FutureFailed: policies.INVALID_REQUEST,
     InvalidArgument: policies.INVALID_REQUEST,
     Unauthenticated: policies.UNAUTHENTICATED,
     PermissionDenied: policies.PERMISSION_DENIED,

@@ -13,7 +13,7 @@ from activities.base import (
     previous_details,
     translate,
 )
-from activities.training import _data_plane_error, training_client
+from activities.training import training_client
 from shepherd.models import (
     CheckpointRecord,
     PruneCheckpointsInput,
@@ -56,7 +56,7 @@ class CheckpointActivities:
             ) from None
         except PlatformError as exc:
             tc.cancel_pending()
-            raise _data_plane_error(exc, f"saving checkpoint {inp.name}") from None
+            raise translate(exc, f"saving checkpoint {inp.name}") from None
         job = await client.job_name(inp.trainer_job_id)
         record = CheckpointRecord(
             name=f"{job}/checkpoints/{inp.name}",

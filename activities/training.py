@@ -39,8 +39,6 @@ from shepherd.models import (
     TrainerSession,
 )
 from shepherd.platform import (
-    FutureExpired,
-    FutureFailed,
     NotFound,
     PlatformClient,
     PlatformError,
@@ -91,21 +89,6 @@ def _resolve_loop(name: str) -> loops.Loop:
         return loops.resolve(name)
     except loops.LoopLoadError as exc:
         raise ApplicationError(str(exc), type=policies.LOOP_ERROR, non_retryable=True) from None
-
-
-def _data_plane_error(exc: PlatformError, what: str) -> ApplicationError:
-    if isinstance(exc, FutureExpired):
-        # The trainer forgot a result Shepherd still needs: its progress is not knowable.
-        return ApplicationError(
-            f"{what}: {exc.message}", type=policies.TRAINER_BEHIND, non_retryable=True
-        )
-    if isinstance(exc, FutureFailed) and not exc.retryable:
-        return ApplicationError(
-            f"{what}: the trainer refused the request: {exc.message}",
-            type=policies.INVALID_REQUEST,
-            non_retryable=True,
-        )
-    return translate(exc, what)
 
 
 async def _checkpoint_step(client: PlatformClient, checkpoint: str) -> int:
@@ -172,7 +155,7 @@ class TrainingActivities:
         except RouteNotFound:
             raise await one_shot_404(client, inp.trainer_job_id, races + 1) from None
         except PlatformError as exc:
-            raise _data_plane_error(exc, "opening the model") from None
+            raise translate(exc, "opening the model") from None
         log(trainer_job_id=inp.trainer_job_id).info(
             "model.opened", model_id=model_id, step=step, checkpoint=inp.checkpoint
         )
@@ -248,9 +231,7 @@ class TrainingActivities:
             ) from None
         except PlatformError as exc:
             tc.cancel_pending()
-            raise _data_plane_error(
-                exc, f"training steps {inp.first_step}-{inp.last_step}"
-            ) from None
+            raise translate(exc, f"training steps {inp.first_step}-{inp.last_step}") from None
         except loops.LoopLoadError as exc:
             tc.cancel_pending()
             raise ApplicationError(str(exc), type=policies.LOOP_ERROR, non_retryable=True) from None
@@ -308,7 +289,7 @@ class TrainingActivities:
             raise await one_shot_404(client, inp.trainer_job_id, races + 1) from None
         except PlatformError as exc:
             tc.cancel_pending()
-            raise _data_plane_error(exc, "evaluating") from None
+            raise translate(exc, "evaluating") from None
         except loops.LoopLoadError as exc:
             raise ApplicationError(str(exc), type=policies.LOOP_ERROR, non_retryable=True) from None
         except Exception as exc:

@@ -148,3 +148,18 @@ def test_job_states() -> None:
     }
     assert JobState.DELETED.is_gone() and JobState.CREATING.is_transitional()
     assert JobState.RUNNING.short == "RUNNING"
+
+
+def test_future_outcomes_map_to_the_workflow_s_error_types() -> None:
+    from activities.base import translate
+    from workflows import policies
+
+    user = errors.future_failed("r1", {"error": "bad loss_fn", "category": "user"})
+    server = errors.future_failed("r2", {"error": "oom", "category": "server"})
+    expired = errors.FutureExpired("gone", status_code=410)
+    assert (translate(user).type, translate(user).non_retryable) == (policies.INVALID_REQUEST, True)
+    assert (translate(server).type, translate(server).non_retryable) == ("FutureServerError", False)
+    assert (translate(expired).type, translate(expired).non_retryable) == (
+        policies.TRAINER_BEHIND,
+        True,
+    )
