@@ -27,7 +27,6 @@ import importlib.metadata
 import importlib.util
 import inspect
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,9 +35,8 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from shepherd import datasets
+from shepherd.spec import LOOP_NAME
 
-LOOP_NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}\Z")
-LOOP_NAME_RULE = "must be 1-63 characters of a-z, 0-9, '_' and '-', starting with a letter"
 ENTRY_POINT_GROUP = "shepherd.loops"
 ENV_VAR = "SHEPHERD_LOOPS"
 #: Held-out records evaluated at most (a forward pass each; bounded cost per checkpoint).
@@ -190,7 +188,7 @@ def _parse_env(value: str) -> dict[str, str]:
             continue
         name, sep, ref = item.partition("=")
         name, ref = name.strip(), ref.strip()
-        if not sep or not LOOP_NAME_RE.match(name) or ":" not in ref:
+        if not sep or not LOOP_NAME.match(name) or ":" not in ref:
             raise LoopLoadError(
                 f"{ENV_VAR}: {item!r} must be name=package.module:attr or name=/path/file.py:attr"
             )

@@ -95,7 +95,7 @@ def _rule(check: Any) -> Any:
 
 
 LABEL_KEY = re.compile(r"^[a-z0-9]([a-z0-9_./-]{0,61}[a-z0-9])?$")
-#: Same rule as shepherd.loops.LOOP_NAME_RE (the spec module imports nothing heavy).
+#: A registered training loop's name (shepherd.loops checks worker registrations by it too).
 LOOP_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,62}\Z")
 JOB_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")
 BACKEND_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
