@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import structlog
 from temporalio import activity
@@ -29,17 +30,24 @@ from shepherd.platform import (
     PermissionDenied,
     PlatformClient,
     PlatformError,
+    RouteNotFound,
     Unauthenticated,
 )
 from shepherd.platform.models import TrainerJob
 from shepherd.states import JobState
 from workflows import policies
 
+T = TypeVar("T")
+
 
 class ClientProvider(Protocol):
     """Gives the platform client of a backend profile (built by the worker)."""
 
     def client(self, backend: str) -> PlatformClient: ...
+
+    def events(self, backend: str) -> bool:
+        """Whether this worker bridges the backend's pushed events to the workflows."""
+        ...
 
 
 def log(**bound: Any) -> structlog.stdlib.BoundLogger:
@@ -149,6 +157,51 @@ async def verified_404(
         category=ApplicationErrorCategory.BENIGN,
         next_retry_delay=policies.route_race_delay(races, retries, window),
     )
+
+
+class RouteWait:
+    """The route race while a (re)started trainer's route reaches every gateway replica
+    (trainer-api.md §5), inside one activity attempt: after a route 404 the control plane
+    is asked whether the job is RUNNING (at most every ``WARMUP_REVERIFY_AFTER``; a 404 from
+    a trainer that is gone fails at once), then the caller tries again after
+    ``WARMUP_PROBE_SPACING``, for at most ``WARMUP_ATTEMPT_BUDGET`` per attempt.
+
+    Shared by the warm-up probes and by opening the model, which runs beside them: a route
+    404 means the request never reached the trainer, so re-sending it is safe."""
+
+    def __init__(self, client: PlatformClient, trainer_job_id: str) -> None:
+        self.client = client
+        self.trainer_job_id = trainer_job_id
+        self.races = 0
+        self._verified_until = 0.0
+        self._end = time.monotonic() + policies.WARMUP_ATTEMPT_BUDGET.total_seconds()
+
+    async def seen_404(self) -> None:
+        """Account for one route 404; returns when it is time to try again."""
+        self.races += 1
+        if time.monotonic() >= self._verified_until:
+            try:
+                job = snapshot(await self.client.get_job(self.trainer_job_id))
+            except PlatformError as exc:
+                raise translate(exc, "checking the trainer after a route 404") from None
+            if job.state != JobState.RUNNING.value:
+                raise lost(job)
+            self._verified_until = time.monotonic() + policies.WARMUP_REVERIFY_AFTER.total_seconds()
+        if time.monotonic() >= self._end:
+            raise not_ready(
+                f"route to {self.trainer_job_id} not on every gateway replica yet "
+                f"({self.races} route 404s in this attempt)"
+            )
+        heartbeat({"route_races": self.races})
+        await asyncio.sleep(policies.WARMUP_PROBE_SPACING.total_seconds())
+
+    async def call(self, request: Callable[[], Awaitable[T]]) -> T:
+        """``request()``, sent again after each verified route 404."""
+        while True:
+            try:
+                return await request()
+            except RouteNotFound:
+                await self.seen_404()
 
 
 #: A route 404 on a one-shot data-plane call (open the model, save, evaluate) is verified

@@ -4,13 +4,13 @@ and warm the gateway route up with consecutive ``healthz`` probes over the train
 
 from __future__ import annotations
 
-import asyncio
-import time
+import random
+from datetime import timedelta
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.base import ClientProvider, heartbeat, lost, not_ready, snapshot, translate
+from activities.base import ClientProvider, RouteWait, lost, not_ready, snapshot, translate
 from shepherd.models import PlatformJob, TrainerRef, WarmUpInput, WarmUpResult
 from shepherd.platform import PlatformError, RouteNotFound
 from shepherd.states import JobState
@@ -29,6 +29,15 @@ class ReadinessActivities:
         except PlatformError as exc:
             raise translate(exc, f"reading trainer {ref.trainer_job_id}") from None
 
+    def _fallback(self, ref: TrainerRef, cap: timedelta) -> timedelta | None:
+        """With events the poll only covers a lost one: back off (policies.py, "waiting at
+        scale"). Without, ``None`` keeps the retry policy's fixed poll interval."""
+        info = activity.info()
+        if info.is_local or not self.clients.events(ref.backend) or info.retry_policy is None:
+            return None
+        first = info.retry_policy.initial_interval
+        return policies.fallback_poll_delay(info.attempt, first, cap, random.random())
+
     @activity.defn(name="wait_for_placement")
     async def wait_for_placement(self, ref: TrainerRef) -> PlatformJob:
         """Returns once the job holds a slot (CREATING or RUNNING)."""
@@ -37,7 +46,10 @@ class ReadinessActivities:
         if state in _PLACED:
             return job
         if state in (JobState.PENDING, JobState.UNSPECIFIED):
-            raise not_ready(f"trainer {ref.trainer_job_id} waits for capacity ({job.state})")
+            raise not_ready(
+                f"trainer {ref.trainer_job_id} waits for capacity ({job.state})",
+                next_retry_delay=self._fallback(ref, policies.EVENT_FALLBACK_PLACEMENT_CAP),
+            )
         raise lost(job)
 
     @activity.defn(name="wait_for_running")
@@ -48,7 +60,10 @@ class ReadinessActivities:
         if state is JobState.RUNNING:
             return job
         if state.is_transitional():
-            raise not_ready(f"trainer {ref.trainer_job_id} is {job.state}")
+            raise not_ready(
+                f"trainer {ref.trainer_job_id} is {job.state}",
+                next_retry_delay=self._fallback(ref, policies.EVENT_FALLBACK_RUNNING_CAP),
+            )
         raise lost(job)
 
     @activity.defn(name="wait_for_resumable")
@@ -73,34 +88,17 @@ class ReadinessActivities:
         backoff); anything else surfaces at once."""
         client = self.clients.client(inp.backend)
         trainer = await client.trainer(inp.trainer_job_id)
-        budget_end = time.monotonic() + policies.WARMUP_ATTEMPT_BUDGET.total_seconds()
-        consecutive = races = 0
-        verified_until = 0.0  # the control plane said RUNNING; trusted until then
+        route = RouteWait(client, inp.trainer_job_id)
+        consecutive = 0
         while consecutive < inp.probes:
             try:
                 await trainer.healthz()
                 consecutive += 1
             except RouteNotFound:
-                if time.monotonic() >= verified_until:
-                    try:
-                        job = snapshot(await client.get_job(inp.trainer_job_id))
-                    except PlatformError as exc:
-                        raise translate(exc, "checking the trainer during warm-up") from None
-                    if job.state != JobState.RUNNING.value:
-                        raise lost(job) from None
-                    verified_until = (
-                        time.monotonic() + policies.WARMUP_REVERIFY_AFTER.total_seconds()
-                    )
-                consecutive, races = 0, races + 1
-                if time.monotonic() >= budget_end:
-                    raise not_ready(
-                        f"route to {inp.trainer_job_id} not on every gateway replica yet "
-                        f"({races} route 404s in this attempt)"
-                    ) from None
-                heartbeat({"route_races": races})
-                await asyncio.sleep(policies.WARMUP_PROBE_SPACING.total_seconds())
+                consecutive = 0
+                await route.seen_404()
             except PlatformError as exc:
                 raise ApplicationError(
                     f"warm-up probe failed: {exc}", type=type(exc).__name__, non_retryable=True
                 ) from None
-        return WarmUpResult(probes=inp.probes, route_races=races)
+        return WarmUpResult(probes=inp.probes, route_races=route.races)

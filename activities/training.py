@@ -20,6 +20,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.base import (
     ClientProvider,
+    RouteWait,
     keepalive,
     log,
     one_shot_404,
@@ -128,10 +129,16 @@ class TrainingActivities:
         races = int(previous_details().get("route_races", 0))
         step = await _checkpoint_step(client, inp.checkpoint) if inp.checkpoint else 0
         progress = {"route_races": races}
+        # Runs beside the warm-up probes, so the route may not be everywhere yet: a verified
+        # route 404 sends the same request again (it never reached the trainer).
+        route = RouteWait(client, inp.trainer_job_id)
         try:
             async with keepalive(progress, KEEPALIVE_S):
-                session_id = await trainer.create_session(
-                    tags=["shepherd"], user_metadata={"workflow_id": activity.info().workflow_id}
+                session_id = await route.call(
+                    lambda: trainer.create_session(
+                        tags=["shepherd"],
+                        user_metadata={"workflow_id": activity.info().workflow_id},
+                    )
                 )
                 if inp.checkpoint:
                     loaded = await trainer.load_into_new_model(
@@ -140,6 +147,7 @@ class TrainingActivities:
                         load_path(inp.checkpoint, inp.trainer_job_id),
                         optimizer=True,
                         timeout=inp.call_timeout_s,
+                        via=route.call,
                     )
                     model_id = str(loaded.get("model_id") or f"{session_id}:train:1")
                 else:
@@ -150,10 +158,9 @@ class TrainingActivities:
                         inp.lora_rank,
                         seed=inp.seed,
                         timeout=inp.call_timeout_s,
+                        via=route.call,
                     )
-                info = await trainer.get_info(model_id)
-        except RouteNotFound:
-            raise await one_shot_404(client, inp.trainer_job_id, races + 1) from None
+                info = await route.call(lambda: trainer.get_info(model_id))
         except PlatformError as exc:
             raise translate(exc, "opening the model") from None
         log(trainer_job_id=inp.trainer_job_id).info(
@@ -168,6 +175,7 @@ class TrainingActivities:
             ),
             step=step,
             weights_digest=info.weights_digest,
+            route_races=route.races,
         )
 
     @activity.defn(name="train_chunk")

@@ -102,6 +102,8 @@ class OpenModelResult(Model):
     #: The step the model is at: the checkpoint's, or 0 for a fresh model.
     step: int
     weights_digest: str | None = None
+    #: Route 404s met while opening it (it runs beside the warm-up probes).
+    route_races: int = 0
 
 
 class LoopSettings(Model):

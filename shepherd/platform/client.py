@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Self
 from urllib.parse import quote
 
@@ -54,6 +54,13 @@ DEFAULT_CONNECT_TIMEOUT_S = 5.0
 #: One ``retrieve_future`` poll: trainers hold it open for up to ~20-30 s (§4).
 FUTURE_POLL_TIMEOUT_S = 45.0
 USER_AGENT = "shepherd-platform-client/0.1"
+
+#: Sends one request: ``await via(lambda: request())`` (see :meth:`TrainerClient.call`).
+Resend = Callable[[Callable[[], Awaitable[Any]]], Awaitable[Any]]
+
+
+async def _once(request: Callable[[], Awaitable[Any]]) -> Any:
+    return await request()
 
 
 def _q(segment: str) -> str:
@@ -506,9 +513,14 @@ class TrainerClient:
                 raise future_failed(request_id, body)
             return body
 
-    async def call(self, op: str, body: dict[str, Any], *, timeout: float) -> dict[str, Any]:
-        """Submit and wait: one sequenced operation end to end."""
-        return await self.result(await self.submit(op, body), timeout=timeout)
+    async def call(
+        self, op: str, body: dict[str, Any], *, timeout: float, via: Resend | None = None
+    ) -> dict[str, Any]:
+        """Submit and wait: one sequenced operation end to end. ``via`` wraps each of the two
+        requests (e.g. to send one again after a route 404, which never reached the trainer)."""
+        send: Resend = via or _once
+        request_id = await send(lambda: self.submit(op, body))
+        return await send(lambda: self.result(request_id, timeout=timeout))
 
     async def create_model(
         self,
@@ -519,6 +531,7 @@ class TrainerClient:
         *,
         seed: int | None = None,
         timeout: float,
+        via: Resend | None = None,
     ) -> str:
         """A new model; ``lora_rank`` 0 is full-parameter training."""
         body: dict[str, Any] = {
@@ -532,7 +545,7 @@ class TrainerClient:
                 "rank": lora_rank,
                 **({"seed": seed} if seed is not None else {}),
             }
-        return str((await self.call("create_model", body, timeout=timeout))["model_id"])
+        return str((await self.call("create_model", body, timeout=timeout, via=via))["model_id"])
 
     async def load_into_new_model(
         self,
@@ -542,6 +555,7 @@ class TrainerClient:
         *,
         optimizer: bool = True,
         timeout: float,
+        via: Resend | None = None,
     ) -> dict[str, Any]:
         """Create a model from a checkpoint (``load_weights`` in session mode)."""
         return await self.call(
@@ -554,4 +568,5 @@ class TrainerClient:
                 "type": "load_weights",
             },
             timeout=timeout,
+            via=via,
         )
