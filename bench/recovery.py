@@ -57,6 +57,7 @@ from shepherd.platform import PlatformClient, PlatformError
 from shepherd.platform.models import JobEvent
 from shepherd.spec import JobSpec, validate_spec
 from shepherd.states import JobState
+from shepherd.trainer_ids import owner_of
 
 # isort: split
 # bench/ is sys.path[0] when a script runs as `python bench/<name>.py`: not a package import.
@@ -356,8 +357,10 @@ async def track_steps(
 
 
 def trainer_id_of(st: Stack, name: str) -> Callable[[JobEvent], bool]:
-    prefix = f"{name[:40]}-"
-    return lambda e: e.job_id.startswith(prefix)
+    """The job's trainers: their ids name the workflow (``bench-<name>-<hex>``), or, for a
+    workflow id that does not fit in one, start with the job's name."""
+    owner, prefix = f"bench-{name}-", f"{name[:40]}-"
+    return lambda e: (owner_of(e.job_id) or "").startswith(owner) or e.job_id.startswith(prefix)
 
 
 # --------------------------------------------------------------------- (a) readiness

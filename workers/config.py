@@ -115,6 +115,10 @@ class BackendRegistry:
             )
         return self._clients[backend]
 
+    def events(self, backend: str) -> bool:
+        profile = self.profiles.get(backend)
+        return bool(profile and profile.events)
+
     async def aclose(self) -> None:
         for client in self._clients.values():
             await client.aclose()

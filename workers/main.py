@@ -11,7 +11,8 @@ import contextlib
 import json
 import os
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from typing import Any
 import structlog
 from temporalio.client import Client
 from temporalio.service import RPCError
-from temporalio.worker import Worker
+from temporalio.worker import PollerBehaviorSimpleMaximum, Worker
 
 from activities.checkpoints import CheckpointActivities
 from activities.promotion import PromotionActivities
@@ -32,6 +33,7 @@ from shepherd.logging import configure_logging
 from shepherd.temporal import TemporalSettings, connect, ensure_search_attributes
 from workers.config import BackendProfile, BackendRegistry, profiles_from_env
 from workers.events import EventBridge
+from workflows import policies
 from workflows.job import TrainingJobWorkflow
 from workflows.sweep import SweepWorkflow
 
@@ -60,6 +62,83 @@ def activities_for(registry: BackendRegistry) -> list[Callable[..., Any]]:
     return found
 
 
+@dataclass(frozen=True)
+class WorkerSizing:
+    """How much one worker process takes on. The defaults are sized for a few thousand open
+    jobs per worker on a small machine (README, "Sizing workers"); each knob can be set from
+    the environment (``SHEPHERD_WORKER_<FIELD>``)."""
+
+    #: Workflows kept in memory between their tasks (~0.2 MiB each). A job's workflow that
+    #: falls out of the cache is replayed from its history at its next task: CPU, not
+    #: correctness. Sized above the open jobs a worker serves, so waiting jobs stay cached.
+    max_cached_workflows: int = 2500
+    #: Workflow-task pollers, and the share of them on the shared queue (where new
+    #: workflows' first tasks and tasks of uncached workflows arrive) rather than on this
+    #: worker's sticky queue. The SDK's default (5, one of them shared) left new jobs'
+    #: first tasks waiting minutes behind a thousand open ones.
+    workflow_task_pollers: int = 10
+    nonsticky_to_sticky_poll_ratio: float = 0.5
+    #: A workflow task waiting this long on a busy (or dead) worker's sticky queue moves to
+    #: the shared queue: long enough not to bounce tasks (and their cached state) off a busy
+    #: worker, short enough that a crashed worker's jobs move on within seconds.
+    sticky_timeout_s: float = 3.0
+    #: Activities that hold a trainer (train, checkpoint, delete ...) running at once.
+    activity_slots: int = 200
+    #: Polls running at once, on the waits queue; each is one short GET.
+    wait_slots: int = 50
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> WorkerSizing:
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = env.get(f"SHEPHERD_WORKER_{f.name.upper()}")
+            if raw is not None:
+                kind = float if f.type in ("float", float) else int
+                try:
+                    values[f.name] = kind(raw)
+                except ValueError:
+                    raise SystemExit(
+                        f"SHEPHERD_WORKER_{f.name.upper()}: {raw!r} is not a number"
+                    ) from None
+                if values[f.name] <= 0:
+                    raise SystemExit(f"SHEPHERD_WORKER_{f.name.upper()}: must be > 0")
+        return cls(**values)
+
+
+def workers_for(
+    client: Client,
+    task_queue: str,
+    registry: BackendRegistry,
+    sizing: WorkerSizing | None = None,
+) -> list[Worker]:
+    """The workers serving one task queue: workflows and trainer-holding activities on
+    ``task_queue``, polls on its waits queue (each with its own slots and pollers)."""
+    sizing = sizing or WorkerSizing()
+    activities = activities_for(registry)
+    return [
+        Worker(
+            client,
+            task_queue=task_queue,
+            workflows=WORKFLOWS,
+            activities=activities,
+            max_cached_workflows=sizing.max_cached_workflows,
+            workflow_task_poller_behavior=PollerBehaviorSimpleMaximum(sizing.workflow_task_pollers),
+            nonsticky_to_sticky_poll_ratio=sizing.nonsticky_to_sticky_poll_ratio,
+            sticky_queue_schedule_to_start_timeout=timedelta(seconds=sizing.sticky_timeout_s),
+            max_concurrent_activities=sizing.activity_slots,
+            graceful_shutdown_timeout=timedelta(seconds=5),
+        ),
+        Worker(
+            client,
+            task_queue=policies.waits_queue(task_queue),
+            activities=activities,
+            max_concurrent_activities=sizing.wait_slots,
+            graceful_shutdown_timeout=timedelta(seconds=5),
+        ),
+    ]
+
+
 async def run_worker(
     *,
     temporal: TemporalSettings | None = None,
@@ -67,7 +146,7 @@ async def run_worker(
     task_queues: Sequence[str] | None = None,
     ready_file: Path | None = None,
     stop: asyncio.Event | None = None,
-    max_concurrent_activities: int = 200,
+    sizing: WorkerSizing | None = None,
 ) -> None:
     temporal = temporal or TemporalSettings()
     registry = BackendRegistry(profiles if profiles is not None else profiles_from_env())
@@ -75,19 +154,8 @@ async def run_worker(
     await _require_search_attributes(client)
     stop = stop or asyncio.Event()
     queues = list(task_queues or [temporal.task_queue])
-    workers = [
-        Worker(
-            client,
-            task_queue=queue,
-            workflows=WORKFLOWS,
-            activities=activities_for(registry),
-            max_concurrent_activities=max_concurrent_activities,
-            # A crashed worker's workflows move to a live one in ~1 s instead of ~10 s.
-            sticky_queue_schedule_to_start_timeout=timedelta(seconds=1),
-            graceful_shutdown_timeout=timedelta(seconds=5),
-        )
-        for queue in queues
-    ]
+    sizing = sizing or WorkerSizing.from_env()
+    workers = [w for queue in queues for w in workers_for(client, queue, registry, sizing)]
     bridge = EventBridge(client, registry)
     async with contextlib.AsyncExitStack() as stack:
         for worker in workers:

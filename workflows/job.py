@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
+import functools
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, NoReturn, TypeVar
@@ -70,6 +70,7 @@ with workflow.unsafe.imports_passed_through():
     from shepherd.platform import rules
     from shepherd.spec import JobSpec, SpecError, resolve_templates
     from shepherd.states import JobState
+    from shepherd.trainer_ids import trainer_prefix
     from workflows import policies
     from workflows.policies import ActivityPolicy, Policies
 
@@ -109,11 +110,6 @@ class _Terminal(Exception):
 
 class _PauseNow(Exception):
     pass
-
-
-def trainer_prefix(name: str, workflow_id: str, run_id: str) -> str:
-    digest = hashlib.sha256(f"{workflow_id}/{run_id}".encode()).hexdigest()[:6]
-    return f"{name[:40]}-{digest}"
 
 
 def classify(job: PlatformJob | None) -> str:
@@ -195,7 +191,13 @@ class TrainingJobWorkflow:
         if self.s.started_at is None:
             self.s.started_at = workflow.now()
         if self._prefix is None:
-            self._prefix = trainer_prefix(self.spec.name, info.workflow_id, info.run_id)
+            self._prefix = trainer_prefix(
+                self.spec.name,
+                info.workflow_id,
+                info.run_id,
+                # The event bridge finds the workflow from such an id, without visibility.
+                owner_in_id=workflow.patched("trainer-id-names-its-workflow"),
+            )
         if not self._carried:
             updates = [
                 sa.JOB_NAME.value_set(self.spec.name),
@@ -360,7 +362,9 @@ class TrainingJobWorkflow:
         )
         self._set_phase(Phase.PREPARING)
         self._session = None  # a (re)started trainer holds no model
-        warm = await self._act(
+        # Coroutine functions, not coroutines: which runs first depends on the patch below.
+        warm_up = functools.partial(
+            self._act,
             ReadinessActivities.warm_up,
             WarmUpInput(
                 backend=self.spec.backend,
@@ -371,9 +375,9 @@ class TrainingJobWorkflow:
             f"warm up the route ({self.pol.warmup_probes} probes)",
             timeout_type="WarmUpTimeout",
         )
-        self.s.route_races += warm.route_races
         t = self.spec.trainer
-        opened = await self._act(
+        open_model = functools.partial(
+            self._act,
             TrainingActivities.open_model,
             OpenModelInput(
                 backend=self.spec.backend,
@@ -387,6 +391,16 @@ class TrainingJobWorkflow:
             self.pol.open_model,
             f"load {self._to_load.rsplit('/', 1)[-1]}" if self._to_load else "create the model",
         )
+        if workflow.patched("open-model-before-warm-up"):
+            # Opening the model needs no warm route (it re-sends a request after a route
+            # 404), so it runs while the route propagates. The probes come after it: with
+            # its requests in between, consecutive probes would not prove every replica.
+            opened = await open_model()
+            warm = await warm_up()
+        else:
+            warm = await warm_up()
+            opened = await open_model()
+        self.s.route_races += warm.route_races + opened.route_races
         self._session = opened.session
         self._serving = True
         self.s.step = opened.step
@@ -870,7 +884,10 @@ class TrainingJobWorkflow:
             raise
 
     def _options(self, policy: ActivityPolicy) -> dict[str, Any]:
-        return {**policy.options(), "task_queue": self._queue, "priority": self._priority}
+        queue = self._queue
+        if policy.waits and workflow.patched("polls-on-the-waits-queue"):
+            queue = policies.waits_queue(queue or workflow.info().task_queue)
+        return {**policy.options(), "task_queue": queue, "priority": self._priority}
 
     async def _act(
         self,

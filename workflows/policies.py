@@ -94,6 +94,47 @@ WARMUP_REVERIFY_AFTER = timedelta(milliseconds=500)
 WARMUP_ATTEMPT_BUDGET = timedelta(seconds=5)
 
 
+# ------------------------------------------------------------------- waiting at scale
+# Polling by retries costs the Temporal server about three persistence writes per attempt,
+# and a busy platform keeps most jobs waiting for a slot. The dev server's SQLite levels off
+# near 90 writes/s, so N jobs polling every 5 s would need 0.6 N writes/s: 100 waiting jobs
+# already take most of it and everything else (the jobs that hold a trainer) queues behind.
+#
+# Where the platform pushes its state changes (the worker's event bridge, backend profile
+# ``events``), a wait is woken by the event and its poll only covers an event that got lost:
+# it starts at the spec's poll interval and backs off (doubling, jittered so that jobs
+# submitted together do not poll together) to a cap. Write load of W jobs waiting for a
+# slot, once backed off: ~3 W / (0.875 x cap) writes/s, i.e. 2,000 waiting jobs ~11
+# writes/s with the 10 min cap. Waits for RUNNING (a slot is held: at most one per slot)
+# cap at 30 s, so a lost RUNNING event idles a GPU for at most that long. Without events
+# (e.g. the hosted service) polling stays the fixed ``spec.policies.poll_interval``.
+
+#: Cap of the fallback poll while waiting for a slot, with events (a lost CREATING event is
+#: also covered by the RUNNING event that follows it).
+EVENT_FALLBACK_PLACEMENT_CAP = timedelta(minutes=10)
+#: Cap of the fallback poll while a slot is held and the trainer boots, with events.
+EVENT_FALLBACK_RUNNING_CAP = timedelta(seconds=30)
+#: Each fallback delay is scaled by a factor drawn from [1 - J, 1 + J].
+EVENT_FALLBACK_JITTER = 0.25
+
+#: Polls run on their own task queue (the job's queue + this suffix), served by their own
+#: worker slots, so a poll backlog never delays work that holds a trainer (train, checkpoint,
+#: delete): those stay on the job's queue, where a workflow's own worker may start them
+#: eagerly.
+WAITS_QUEUE_SUFFIX = "-waits"
+
+
+def waits_queue(task_queue: str) -> str:
+    return f"{task_queue}{WAITS_QUEUE_SUFFIX}"
+
+
+def fallback_poll_delay(attempt: int, first: timedelta, cap: timedelta, draw: float) -> timedelta:
+    """Delay after poll attempt ``attempt`` (1-based) of an event-driven wait: ``first``
+    doubling up to ``cap``, scaled by the jitter factor for ``draw`` in [0, 1)."""
+    base = min(cap, first * 2 ** min(attempt - 1, 30))
+    return base * (1 - EVENT_FALLBACK_JITTER + 2 * EVENT_FALLBACK_JITTER * draw)
+
+
 @dataclass(frozen=True)
 class ActivityPolicy:
     """How one activity runs: its timeouts and its retries."""
@@ -105,6 +146,8 @@ class ActivityPolicy:
     #: Run as a local activity (on the workflow's worker, no task-queue round trip): only for
     #: short, bounded attempts that sit on a latency-critical path.
     local: bool = False
+    #: A poll that holds no trainer: runs on the waits queue (``waits_queue``).
+    waits: bool = False
 
     def options(self) -> dict[str, Any]:
         """Keyword arguments for ``workflow.execute_activity`` / ``start_activity``."""
@@ -122,6 +165,7 @@ class ActivityPolicy:
 def _poll(interval: timedelta, deadline: timedelta) -> ActivityPolicy:
     """Polling expressed as retries: one attempt per interval until the deadline."""
     return ActivityPolicy(
+        waits=True,
         # One attempt is one GET; the client's own timeout (30 s) is shorter.
         start_to_close=timedelta(seconds=45),
         schedule_to_close=deadline,

@@ -29,7 +29,7 @@ from tests.helpers import Account
 from workers.config import BackendProfile, BackendRegistry
 from workers.devstack import free_port
 from workers.events import EventBridge
-from workers.main import WORKFLOWS, activities_for
+from workers.main import workers_for
 from workflows.job import TrainingJobWorkflow
 
 KEY_ENV = "SHEPHERD_TEST_PLANE_KEY"
@@ -150,13 +150,11 @@ def make_registry(plane: PlaneProcess, api_key: str) -> BackendRegistry:
 async def worker_for(
     client: Client, task_queue: str, registry: BackendRegistry
 ) -> AsyncIterator[Worker]:
-    async with Worker(
-        client,
-        task_queue=task_queue,
-        workflows=WORKFLOWS,
-        activities=activities_for(registry),
-    ) as worker:
-        yield worker
+    workers = workers_for(client, task_queue, registry)
+    async with contextlib.AsyncExitStack() as stack:
+        for worker in workers:
+            await stack.enter_async_context(worker)
+        yield workers[0]
 
 
 @pytest.fixture

@@ -13,8 +13,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from localplane.admin import PlaneAdmin
 from shepherd.jobs import start_job
 from shepherd.phases import Phase
+from shepherd.states import JobState
+from tests.helpers import wait_state
 from tests.workflows.conftest import Stack
 from tests.workflows.test_recovery import SLOW, model_digest
 from workers.devstack import wait_until
@@ -115,5 +118,46 @@ async def test_sweep_survives_a_sigkilled_worker(stack: Stack, tmp_path: Path) -
     assert [t.state for t in status.trials] == ["completed"] * 3
     # Each trial kept its one trainer through the crash.
     jobs = (await stack.admin.stats())["jobs"]
-    mine = [v for k, v in jobs.items() if f"/{stack.account.id}/rlorTrainerJobs/sweepcrash-" in k]
+    mine = [
+        v for k, v in jobs.items() if f"/{stack.account.id}/rlorTrainerJobs/sweep-sweepcrash-" in k
+    ]
     assert len(mine) == 3 and all(v["creates"] == 1 and v["trainersStarted"] == 1 for v in mine)
+
+
+async def test_workers_share_queued_jobs_and_survive_losing_one(
+    stack: Stack, tmp_path: Path, faults: PlaneAdmin
+) -> None:
+    # More jobs than slots, two worker processes (each with its event bridge); one is
+    # SIGKILLed while jobs train and others wait for a slot. Every job completes on the
+    # other, and every trainer was created once.
+    await faults.set_faults(capacity=2)
+    queue = f"shared-{uuid.uuid4().hex[:8]}"
+    specs = [
+        stack.spec(
+            f"shared-{i}",
+            training={"total_steps": 10},
+            checkpoint={"every_steps": 5},
+            output={"promote": "none"},
+            policies={"heartbeat_timeout": "3s"},
+        )
+        for i in range(8)
+    ]
+    with (
+        worker_process(stack, queue, tmp_path, "a") as a,
+        worker_process(stack, queue, tmp_path, "b"),
+    ):
+        handles = [await start_job(stack.client, spec, task_queue=queue) for spec in specs]
+        stack.handles.extend(handles)
+        await stack.until(handles[0], lambda s: s.step >= 5)
+        a.send_signal(signal.SIGKILL)
+        a.wait(10)
+        results = await asyncio.gather(*(h.result() for h in handles))
+
+    assert [r.phase for r in results] == [Phase.COMPLETED] * len(specs)
+    for r in results:  # a deleted trainer's process exits after DELETING
+        await wait_state(stack.account.client, r.trainer_job_id or "", JobState.DELETED)
+    jobs = (await stack.admin.stats())["jobs"]
+    for r in results:
+        job = jobs[stack.job_name(r.trainer_job_id or "")]
+        assert job["creates"] == 1 and job.get("createConflicts", 0) == 0, r.trainer_job_id
+        assert job["liveTrainer"] is False
