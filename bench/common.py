@@ -1,5 +1,5 @@
 """Helpers shared by the benchmarks in bench/ (plane.py, overhead.py, recovery.py,
-sdk_compare.py).
+sdk_compare.py, scale.py).
 
 The scripts run as ``python bench/<name>.py``: this directory is then ``sys.path[0]`` and
 they import this file as the top-level module ``common`` (bench/ is not a package).
@@ -26,7 +26,6 @@ import numpy as np
 from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Worker
 
 from localplane.admin import PlaneAdmin
 from localplane.process import PlaneProcess
@@ -36,13 +35,13 @@ from shepherd.logging import configure_logging
 from shepherd.models import JobInput, JobStatus, LoopSettings
 from shepherd.platform import PlatformClient, RouteNotFound, TrainerClient
 from shepherd.platform.client import JsonTransport
-from shepherd.platform.models import CreateTrainerJobRequest, TrainingConfig
+from shepherd.platform.models import CreateTrainerJobRequest, JobEvent, TrainingConfig
 from shepherd.spec import JobSpec, validate_spec
 from shepherd.states import JobState
 from shepherd.tinker_client import TrainingClient
 from workers.config import BackendProfile, BackendRegistry
 from workers.events import EventBridge
-from workers.main import WORKFLOWS, activities_for
+from workers.main import workers_for
 from workflows.job import TrainingJobWorkflow
 from workflows.policies import WARMUP_PROBE_SPACING
 
@@ -193,6 +192,49 @@ async def warm(
     return seen
 
 
+class EventLog:
+    """Every state change of one plane account, in the order the platform numbered them
+    (its SSE stream, replayed from the first event and resumed after a drop), so the
+    platform's own times (placed, RUNNING, DELETED ...) are known without asking per job."""
+
+    def __init__(self) -> None:
+        self.events: list[JobEvent] = []
+        self._changed = asyncio.Event()
+
+    async def follow(self, client: PlatformClient) -> None:
+        """Run until cancelled; a fresh account replayed from 0 misses nothing."""
+        last = 0
+        while True:
+            try:
+                async for event in client.watch_jobs(last_event_id=last):
+                    last = event.id
+                    self.events.append(event)
+                    self._changed.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - reconnect; the replay fills the gap
+                log(f"event log: reconnecting after {type(exc).__name__}")
+                await asyncio.sleep(0.2)
+
+    def of(self, job_id: str) -> list[JobEvent]:
+        return [e for e in self.events if e.job_id == job_id]
+
+    def states(self) -> dict[str, JobState]:
+        """Each job's latest state."""
+        return {e.job_id: e.state for e in self.events}
+
+    async def wait(self, check: Callable[[JobEvent], bool]) -> JobEvent:
+        """The first event (seen or to come) for which ``check`` holds; callers bound it."""
+        seen = 0
+        while True:
+            for event in self.events[seen:]:
+                if check(event):
+                    return event
+            seen = len(self.events)
+            self._changed.clear()
+            await self._changed.wait()
+
+
 # ------------------------------------------------------------------- the data plane
 
 
@@ -336,15 +378,26 @@ class Stack:
 
 
 @contextlib.asynccontextmanager
-async def shepherd_stack(plane_config: dict[str, Any]) -> AsyncIterator[Stack]:
-    """Start everything; stop everything this started, also on errors and cancellation."""
+async def shepherd_stack(
+    plane_config: dict[str, Any],
+    *,
+    db_filename: Path | None = None,
+    server_args: Sequence[str] = (),
+) -> AsyncIterator[Stack]:
+    """Start everything; stop everything this started, also on errors and cancellation.
+
+    The dev server keeps its state in memory, or with ``db_filename`` in that SQLite file
+    (what ``shepherd dev`` does: every write then goes to disk, which bounds its throughput);
+    ``server_args`` go to ``temporal server start-dev`` as they are."""
     async with contextlib.AsyncExitStack() as stack:
-        log("starting the Temporal dev server")
+        log(f"starting the Temporal dev server ({db_filename or 'in memory'})")
         env = await WorkflowEnvironment.start_local(
             dev_server_existing_path=binaries.temporal(),
+            dev_server_database_filename=str(db_filename) if db_filename else None,
             data_converter=pydantic_data_converter,
             search_attributes=list(sa.ALL),
             dev_server_log_level="error",
+            dev_server_extra_args=list(server_args),
             ui=False,
         )
         await stack.enter_async_context(env)
@@ -388,12 +441,9 @@ async def shepherd_worker(st: Stack, bench: str, *, events: bool) -> AsyncIterat
     registry = BackendRegistry({"local": profile}, env={KEY_ENV: st.api_key})
     runner = Runner(st, task_queue)
     try:
-        async with Worker(
-            st.client,
-            task_queue=task_queue,
-            workflows=WORKFLOWS,
-            activities=activities_for(registry),
-        ):
+        async with contextlib.AsyncExitStack() as workers:
+            for worker in workers_for(st.client, task_queue, registry):
+                await workers.enter_async_context(worker)
             # Without events the profile says so and the bridge has nothing to follow.
             bridge = asyncio.create_task(EventBridge(st.client, registry).run())
             try:

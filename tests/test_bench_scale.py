@@ -1,0 +1,106 @@
+"""bench/scale.py's reading of the platform's events: which slot was freed, which trainer
+filled it, and how long each held it (the figures issue 8's targets are judged on)."""
+
+from __future__ import annotations
+
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shepherd.platform.models import JobEvent
+from shepherd.states import JobState
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+scale: Any = pytest.importorskip("scale")
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def event(seq: int, job: str, state: JobState, at: float) -> JobEvent:
+    name = f"accounts/a/rlorTrainerJobs/{job}"
+    return JobEvent.model_validate(
+        {
+            "id": seq,
+            "name": name,
+            "state": state.value,
+            "eventTime": (T0 + timedelta(seconds=at)).isoformat(),
+            "job": {"name": name, "state": state.value},
+        }
+    )
+
+
+def life(
+    job: str, placed: float, running: float, deleted: float
+) -> list[tuple[str, JobState, float]]:
+    return [
+        (job, JobState.CREATING, placed),
+        (job, JobState.RUNNING, running),
+        (job, JobState.DELETING, deleted - 0.1),
+        (job, JobState.DELETED, deleted),
+    ]
+
+
+def numbered(rows: list[tuple[str, JobState, float]]) -> list[JobEvent]:
+    rows = sorted(rows, key=lambda r: r[2])
+    return [event(i, job, state, at) for i, (job, state, at) in enumerate(rows, start=1)]
+
+
+def test_each_freed_slot_pairs_with_the_next_placement_in_order() -> None:
+    # One slot; b waits PENDING until a's trainer is deleted, c until b's.
+    rows = [("b-abc123-g1", JobState.PENDING, 0.0), ("c-abc123-g1", JobState.PENDING, 0.0)]
+    rows += life("a-abc123-g1", 0.0, 1.0, 5.0)
+    rows += life("b-abc123-g1", 5.0, 6.0, 9.0)
+    rows += life("c-abc123-g1", 9.5, 10.0, 12.0)
+    slots, handovers = scale.slot_timeline(numbered(rows), T0)
+
+    assert [(s.trainer_job_id, s.placed, s.running, s.freed) for s in slots] == [
+        ("a-abc123-g1", 0.0, 1.0, 5.0),
+        ("b-abc123-g1", 5.0, 6.0, 9.0),
+        ("c-abc123-g1", 9.5, 10.0, 12.0),
+    ]
+    # a's slot went to b, b's to c; the first placement and the last free pair with nothing.
+    assert [(h.freed, h.slot.trainer_job_id) for h in handovers] == [
+        (5.0, "b-abc123-g1"),
+        (9.0, "c-abc123-g1"),
+    ]
+
+
+def test_a_trainer_that_dies_frees_its_slot_without_a_delete() -> None:
+    rows = [
+        ("a-abc123-g1", JobState.CREATING, 0.0),
+        ("a-abc123-g1", JobState.RUNNING, 1.0),
+        ("a-abc123-g1", JobState.FAILED, 3.0),
+        ("b-abc123-g1", JobState.CREATING, 3.0),
+    ]
+    slots, handovers = scale.slot_timeline(numbered(rows), T0)
+    assert slots[0].freed == 3.0
+    assert [(h.freed, h.slot.trainer_job_id) for h in handovers] == [(3.0, "b-abc123-g1")]
+
+
+def test_first_training_is_the_first_training_start_after_the_placement() -> None:
+    slot = scale.Slot("job-x-1--abcd-g2", placed=10.0)
+    history = scale.History("job-x-1")
+    history.training_starts = [T0 + timedelta(seconds=s) for s in (2.0, 12.5, 20.0)]
+    assert scale.first_training(slot, history, T0) == 12.5
+    assert scale.first_training(slot, None, T0) is None
+
+
+def test_a_trainer_belongs_to_the_workflow_that_recorded_it_else_the_longest_prefix() -> None:
+    a, b, c = scale.History("job-a-1"), scale.History("job-a-12"), scale.History("job-c")
+    a.trainers = {"a-0123ab-g0"}  # recorded, in a scheme without the workflow id
+    histories = {h.workflow_id: h for h in (a, b, c)}
+    assert scale.owners(histories.values()) == {"a-0123ab-g0": a}
+    names = {"job-a-1": "a", "job-a-12": "a12", "job-c": "c"}
+    assert scale.owner_by_prefix("job-a-12--ffff-g1", histories, names) is b
+    assert scale.owner_by_prefix("c-0123ab-g1", histories, names) is c
+    assert scale.owner_by_prefix("zzz-0123ab-g1", histories, names) is None
+
+
+def test_jobs_per_minute_steady_leaves_out_the_first_jobs_latency() -> None:
+    # Five jobs, the first done at 10 s, then one every 2 s: 4 jobs in 8 s after the first.
+    rates = scale.jobs_per_minute([10.0, 12.0, 14.0, 16.0, 18.0], end_s=20.0)
+    assert rates == {"steady": 30.0, "overall": 15.0}
+    assert scale.jobs_per_minute([10.0], end_s=20.0) == {"steady": None, "overall": 3.0}
