@@ -6,7 +6,7 @@ BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help bootstrap browser test lint demo dev bench clean
+.PHONY: help bootstrap browser test lint demo dev bench bench-scale clean
 
 help:
 	@echo "make demo   - run a job end to end on the embedded stack"
@@ -58,6 +58,12 @@ bench: $(STAMP)
 	$(BIN)/python bench/overhead.py | tee bench/out/overhead.json
 	$(BIN)/python bench/recovery.py | tee bench/out/recovery.json
 	$(BIN)/python bench/sdk_compare.py | tee bench/out/sdk_compare.json
+
+# Thousands of queued jobs on 4 slots: hours for the full list (docs/scale.md).
+bench-scale: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	@mkdir -p bench/out
+	$(BIN)/python bench/scale.py | tee bench/out/scale.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .shepherd

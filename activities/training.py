@@ -50,8 +50,9 @@ from shepherd.platform import (
 from shepherd.tinker_client import TrainingClient
 from workflows import policies
 
-#: Heartbeat at least this often while a step is in flight (well under any heartbeat timeout).
-KEEPALIVE_S = 2.0
+#: Heartbeat at least this often while a step is in flight (well under any heartbeat
+#: timeout; the SDK throttles what it sends to 80 % of the timeout).
+KEEPALIVE_S = 1.0
 
 
 def load_path(checkpoint: str, trainer_job_id: str) -> str:

@@ -538,6 +538,14 @@ class TrainingJobWorkflow:
             workflow.wait_condition(lambda: self._pause_requested or died())
         )
         await self._race(handle, stop)
+        if not handle.done() and died() and workflow.patched("chunk-reports-its-own-death"):
+            # Let the chunk see the death itself: a running attempt stops at once, one
+            # between retries starts and meets the dead route; either reports the exact
+            # step reached (a cancel between attempts carries no progress).
+            with contextlib.suppress(asyncio.TimeoutError):
+                await workflow.wait_condition(
+                    lambda: handle.done(), timeout=policies.CHUNK_DEATH_REPORT_GRACE
+                )
         if not handle.done():
             handle.cancel()
         else:
@@ -549,7 +557,11 @@ class TrainingJobWorkflow:
             if is_cancelled_exception(err) and self._pause_requested:
                 raise _PauseNow() from None
             if is_cancelled_exception(err) and died():
-                raise self._death_event() from None
+                # Cancelled between attempts: the last attempt's heartbeat (carried by the
+                # cancellation) says how far the dead trainer got.
+                lost = self._death_event()
+                lost.applied_step = self._heartbeat_step(err)
+                raise lost from None
             self._raise_mapped(err, "ChunkTimeout", "training")
         self._model().next_seq = result.next_seq
         if not result.partial:
@@ -560,6 +572,15 @@ class TrainingJobWorkflow:
             raise lost
         self.s.step = max(self.s.step, result.last_step)
         raise _PauseNow()
+
+    def _heartbeat_step(self, err: ActivityError) -> int | None:
+        """The step in the last heartbeat of a cancelled chunk (for this model), if any."""
+        details = getattr(err.cause, "details", None) or ()
+        beat = details[0] if details and isinstance(details[0], dict) else {}
+        if beat.get("model_id") != self._model().model_id:
+            return None
+        step = beat.get("step")
+        return step if isinstance(step, int) else None
 
     async def _checkpoint(self, name: str, *, evaluate: bool | None = None) -> CheckpointRecord:
         self._set_phase(Phase.CHECKPOINTING)

@@ -94,6 +94,13 @@ WARMUP_REVERIFY_AFTER = timedelta(milliseconds=500)
 WARMUP_ATTEMPT_BUDGET = timedelta(seconds=5)
 
 
+#: When the platform reports a trainer dead mid-chunk, the chunk gets this long to notice
+#: it itself before it is cancelled: the chunk's own report carries the exact step the
+#: trainer reached (what a recovery record shows as lost work); a cancel between two of
+#: its attempts carries none. Covers the chunk's first retry interval (1 s) plus the
+#: verified 404 that ends it.
+CHUNK_DEATH_REPORT_GRACE = timedelta(seconds=3)
+
 # ------------------------------------------------------------------- waiting at scale
 # Polling by retries costs the Temporal server about three persistence writes per attempt,
 # and a busy platform keeps most jobs waiting for a slot. The dev server's SQLite levels off

@@ -26,6 +26,10 @@ async def test_preemption_mid_training_ends_with_identical_weights(stack: Stack)
 
     mid = await stack.until(victim, lambda s: s.step >= 12 and s.phase is Phase.TRAINING)
     await stack.admin.preempt(mid.trainer_job_id or "", account=stack.account.id)
+    # Optimizer steps the dead trainer accepted (the last may not have been applied).
+    accepted = (await stack.admin.data_plane(stack.job_name(mid.trainer_job_id or "")))[
+        "json:optim_step"
+    ]
 
     result = await victim.result()
     ref = await reference.result()
@@ -33,6 +37,8 @@ async def test_preemption_mid_training_ends_with_identical_weights(stack: Stack)
     assert result.preemptions == 1 and result.failures == 0
     (recovery,) = result.recoveries
     assert recovery.reason == "preemption" and "preempt" in recovery.message
+    # The record says where the trainer really was, not where the last chunk ended.
+    assert accepted - 1 <= recovery.at_step <= accepted
     # Resumed from the last checkpoint before the death: at most one interval redone.
     assert recovery.resumed_from_step == (recovery.at_step // 10) * 10
     assert recovery.steps_redone is not None and recovery.steps_redone <= 10
