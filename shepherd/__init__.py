@@ -7,7 +7,16 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-_API = {"Shepherd", "JobHandle", "JobFailed", "JobSummary", "SweepHandle"}
+_API = {
+    "Shepherd",
+    "JobHandle",
+    "JobEnded",
+    "JobFailed",
+    "JobSummary",
+    "SpecError",
+    "SubmissionRefused",
+    "SweepHandle",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -15,6 +15,7 @@ listing every problem with its field.
 
 from __future__ import annotations
 
+import copy
 import secrets
 from collections.abc import AsyncIterator, Mapping
 from datetime import datetime
@@ -32,18 +33,21 @@ from temporalio.client import (
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError
 
+from shepherd import preflight
 from shepherd import search_attributes as sa
-from shepherd.jobs import start_job
+from shepherd.jobs import JobPlan, check_workflow_id, plan_job, start_job
 from shepherd.models import CheckpointRecord, JobStatus, PauseRequest, PauseResult, ResumeRequest
 from shepherd.phases import Phase
 from shepherd.platform import rules
+from shepherd.preflight import SubmissionRefused
 from shepherd.schedules import Schedules
 from shepherd.spec import (
     JobSpec,
     SpecError,
-    SpecProblem,
     apply_override,
+    input_error,
     load_spec_data,
+    set_path,
     validate_spec,
 )
 from shepherd.sweep import SweepInput, SweepSpec, SweepStatus, load_sweep, validate_sweep
@@ -57,6 +61,26 @@ class JobFailed(Exception):
         error = f": {status.error.type}: {status.error.message}" if status.error else ""
         super().__init__(f"job {status.workflow_id} ended {status.phase.value}{error}")
         self.status = status
+
+
+class JobEnded(Exception):
+    """The job (or sweep) had already ended: there is nothing to cancel."""
+
+    def __init__(self, workflow_id: str, outcome: str) -> None:
+        super().__init__(f"{workflow_id} had already ended ({outcome}); nothing to cancel")
+        self.workflow_id = workflow_id
+        self.outcome = outcome
+
+
+async def _ended(handle: WorkflowHandle[Any, Any]) -> str | None:
+    """How the workflow ended (its phase, else Temporal's status), or None while running.
+    Temporal accepts a cancel request for a closed workflow silently, so ask first."""
+    desc = await handle.describe()
+    if desc.status == WorkflowExecutionStatus.RUNNING:
+        return None
+    return desc.typed_search_attributes.get(sa.PHASE) or (
+        desc.status.name if desc.status else "ENDED"
+    )
 
 
 class JobSummary(BaseModel):
@@ -126,19 +150,55 @@ def load_job_spec(
         data = load_spec_data(spec)
     elif isinstance(spec, JobSpec):
         data = spec.model_dump(mode="json")
+    elif isinstance(spec, Mapping):
+        data = copy.deepcopy(dict(spec))
     else:
-        data = dict(spec)
-    items = overrides.items() if isinstance(overrides, Mapping) else ()
-    for path, value in items:
-        node = data
-        *parents, leaf = str(path).split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    if not isinstance(overrides, Mapping):
-        for item in overrides or []:
-            apply_override(data, item)
+        raise input_error(
+            "spec",
+            "must be a JobSpec, a mapping of sections or the path of a YAML/JSON file, "
+            f"not {type(spec).__name__}",
+            "argument",
+        )
+    apply_overrides(data, overrides)
     return validate_spec(data, source)
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str] | Mapping[str, Any] | None) -> None:
+    """``["path.to.field=value", ...]`` (values read as YAML) or ``{"path.to.field": value}``."""
+    if overrides is None:
+        return
+    if isinstance(overrides, Mapping):
+        for path, value in overrides.items():
+            set_path(data, path, value)
+    elif isinstance(overrides, list | tuple):
+        for item in overrides:
+            apply_override(data, item)
+    else:
+        raise input_error(
+            "overrides",
+            "must be a list of 'path.to.field=value' strings or a mapping of paths to values, "
+            f"not {type(overrides).__name__}",
+            "argument",
+        )
+
+
+def load_sweep_spec(
+    sweep: SweepSpec | Mapping[str, Any] | str | Path, overrides: list[str] | None = None
+) -> SweepSpec:
+    """A validated sweep from a model, a mapping or a YAML/JSON path; ``overrides`` apply to
+    its base job spec."""
+    if isinstance(sweep, str | Path):
+        return load_sweep(sweep, overrides=overrides)
+    if isinstance(sweep, SweepSpec):
+        return sweep
+    if isinstance(sweep, Mapping):
+        return validate_sweep(copy.deepcopy(dict(sweep)), overrides=overrides)
+    raise input_error(
+        "sweep",
+        "must be a SweepSpec, a mapping or the path of a YAML/JSON file, "
+        f"not {type(sweep).__name__}",
+        "argument",
+    )
 
 
 class JobHandle:
@@ -214,7 +274,10 @@ class JobHandle:
         )
 
     async def cancel(self, reason: str = "") -> None:
-        """Cancel; the trainer is still deleted and checkpoints are kept."""
+        """Cancel; the trainer is still deleted and checkpoints are kept. A job that has
+        already ended raises :class:`JobEnded`."""
+        if outcome := await _ended(self._handle):
+            raise JobEnded(self.id, outcome)
         await self._handle.cancel(reason=reason)
 
     async def checkpoints(self) -> list[CheckpointRecord]:
@@ -237,13 +300,10 @@ class JobHandle:
         if checkpoint is not None and not rules.CHECKPOINT_NAME_RE.match(checkpoint):
             known = {c.name.rsplit("/", 1)[-1]: c.name for c in status.checkpoints}
             if checkpoint not in known:
-                raise SpecError(
-                    [
-                        SpecProblem(
-                            field="from_checkpoint",
-                            rule=f"{checkpoint!r} is not a checkpoint of {self.id}",
-                        )
-                    ]
+                raise input_error(
+                    "from_checkpoint",
+                    f"{checkpoint!r} is not a checkpoint of {self.id}",
+                    "argument",
                 )
             checkpoint = known[checkpoint]
         data = spec.model_dump(mode="json")
@@ -269,7 +329,36 @@ class SweepHandle:
         return f"SweepHandle({self.id!r})"
 
     async def status(self) -> SweepStatus:
-        return await self._handle.query("status", result_type=SweepStatus)
+        """The sweep's status. A sweep that failed (or was terminated or timed out) says so
+        with the reason, even where its last recorded state still read RUNNING."""
+        status = await self._handle.query("status", result_type=SweepStatus)
+        if status.phase != "RUNNING":
+            return status
+        desc = await self._handle.describe()
+        if desc.status in (None, WorkflowExecutionStatus.RUNNING):
+            return status
+        if desc.status == WorkflowExecutionStatus.COMPLETED:
+            return status
+        status.phase = {
+            WorkflowExecutionStatus.CANCELED: "CANCELLED",
+        }.get(desc.status, "FAILED")
+        if status.error is None:
+            status.error = await self._failure(desc.status)
+        return status
+
+    async def _failure(self, ended: WorkflowExecutionStatus) -> str:
+        try:
+            await self._handle.result()
+        except WorkflowFailureError as exc:
+            cause: BaseException = exc
+            # The reason is at the end of the chain (an activity's own error, not
+            # "ActivityError: Activity task failed").
+            while (inner := getattr(cause, "cause", None) or cause.__cause__) is not None:
+                cause = inner
+            kind = getattr(cause, "type", None) or type(cause).__name__
+            message = getattr(cause, "message", None) or str(cause)
+            return f"{kind}: {message}" if message else kind
+        return ended.name
 
     async def wait(self) -> SweepStatus:
         try:
@@ -299,7 +388,10 @@ class SweepHandle:
             result.cancel()
 
     async def cancel(self, reason: str = "") -> None:
-        """Cancel the sweep: every running trial is cancelled and cleans its trainer up."""
+        """Cancel the sweep: every running trial is cancelled and cleans its trainer up. A
+        sweep that has already ended raises :class:`JobEnded`."""
+        if outcome := await _ended(self._handle):
+            raise JobEnded(self.id, outcome)
         await self._handle.cancel(reason=reason)
 
     def trial(self, index: int) -> JobHandle:
@@ -321,24 +413,36 @@ class Shepherd:
         overrides: list[str] | None = None,
         workflow_id: str | None = None,
         task_queue: str | None = None,
+        rerun: bool = False,
     ) -> SweepHandle:
-        """Validate and start a sweep (``sweep-<name>-<suffix>`` unless given)."""
-        if isinstance(sweep, str | Path):
-            spec = load_sweep(sweep, overrides=overrides)
-        elif isinstance(sweep, SweepSpec):
-            spec = sweep
-        else:
-            spec = validate_sweep(dict(sweep), overrides=overrides)
-        handle = await self.client.start_workflow(
+        """Validate and start a sweep (``sweep-<name>-<suffix>`` unless given). Its
+        ``promote_best.model_id`` is claimed like a job's output model id."""
+        spec = load_sweep_spec(sweep, overrides)
+        if workflow_id is not None:
+            check_workflow_id(workflow_id)
+        elif rerun:
+            raise input_error("rerun", "a re-run needs the workflow id to run again", "argument")
+        queue = task_queue or spec.base.scheduling.queue or self.task_queue
+        await preflight.check_backend(
+            self.client, spec.base.scheduling.queue or queue, spec.base.backend, "base.backend"
+        )
+        model_id = spec.promote_best.model_id if spec.promote_best else None
+        claim = [SearchAttributePair(sa.OUTPUT_MODEL, model_id)] if model_id else []
+        handle = await preflight.start_guarded(
+            self.client,
             "Sweep",
             SweepInput(sweep=spec),
-            id=workflow_id or f"sweep-{spec.name}-{secrets.token_hex(3)}",
-            task_queue=task_queue or spec.base.scheduling.queue or self.task_queue,
+            workflow_id=workflow_id or f"sweep-{spec.name}-{secrets.token_hex(3)}",
+            task_queue=queue,
+            rerun=rerun,
+            model_id=model_id,
+            model_field="promote_best.model_id",
             result_type=SweepStatus,
             search_attributes=TypedSearchAttributes(
                 [
                     SearchAttributePair(sa.JOB_NAME, spec.name),
                     SearchAttributePair(sa.LABELS, spec.base.label_keywords()),
+                    *claim,
                 ]
             ),
             static_summary=f"sweep {spec.name}: {spec.method} over {', '.join(sorted(spec.parameters))}, "
@@ -384,17 +488,54 @@ class Shepherd:
         workflow_id: str | None = None,
         task_queue: str | None = None,
         parent_workflow_id: str | None = None,
+        rerun: bool = False,
     ) -> JobHandle:
-        """Validate and start a job; its workflow id is ``job-<name>-<suffix>`` unless given."""
-        job_spec = load_job_spec(spec, overrides)
+        """Validate and start a job; its workflow id is ``job-<name>-<suffix>`` unless given.
+
+        Refused with :class:`~shepherd.spec.SpecError` (bad spec or arguments) or
+        :class:`~shepherd.preflight.SubmissionRefused`: ``workflow_id`` is a live job, or
+        a job that ended and ``rerun`` is not set; the output model id is claimed by another
+        live job; no worker serves the backend."""
+        job_spec, queue = self._job_args(spec, overrides, workflow_id, task_queue, rerun)
         handle = await start_job(
             self.client,
             job_spec,
-            task_queue=task_queue or job_spec.scheduling.queue or self.task_queue,
+            task_queue=queue,
             workflow_id=workflow_id,
             parent_workflow_id=parent_workflow_id,
+            rerun=rerun,
         )
         return JobHandle(self, handle.id)
+
+    async def plan(
+        self,
+        spec: JobSpec | Mapping[str, Any] | str | Path,
+        *,
+        overrides: list[str] | Mapping[str, Any] | None = None,
+        workflow_id: str | None = None,
+        task_queue: str | None = None,
+        rerun: bool = False,
+    ) -> JobPlan:
+        """Everything :meth:`submit` checks, without starting anything (a dry run)."""
+        job_spec, queue = self._job_args(spec, overrides, workflow_id, task_queue, rerun)
+        return await plan_job(
+            self.client, job_spec, task_queue=queue, workflow_id=workflow_id, rerun=rerun
+        )
+
+    def _job_args(
+        self,
+        spec: Any,
+        overrides: Any,
+        workflow_id: Any,
+        task_queue: str | None,
+        rerun: bool,
+    ) -> tuple[JobSpec, str]:
+        job_spec = load_job_spec(spec, overrides)
+        if workflow_id is not None:
+            check_workflow_id(workflow_id)
+        elif rerun:
+            raise input_error("rerun", "a re-run needs the workflow id to run again", "argument")
+        return job_spec, task_queue or job_spec.scheduling.queue or self.task_queue
 
     def get(self, workflow_id: str) -> JobHandle:
         return JobHandle(self, workflow_id)
@@ -423,10 +564,14 @@ class Shepherd:
 
 
 __all__ = [
+    "JobEnded",
     "JobFailed",
+    "JobPlan",
     "SweepHandle",
     "JobHandle",
     "JobSummary",
     "Shepherd",
+    "SpecError",
+    "SubmissionRefused",
     "WorkflowExecutionStatus",
 ]

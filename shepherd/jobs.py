@@ -4,19 +4,44 @@ a readable workflow id, its search attributes and a static summary."""
 
 from __future__ import annotations
 
+import re
 import secrets
 from datetime import UTC, datetime
 from typing import Any
 
+from pydantic import BaseModel
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 
+from shepherd import preflight
 from shepherd import search_attributes as sa
 from shepherd.models import JobInput, JobStatus
 from shepherd.phases import Phase
-from shepherd.spec import JobSpec, has_templates, resolve_templates, validate_spec
+from shepherd.spec import (
+    JobSpec,
+    has_templates,
+    input_error,
+    is_template,
+    resolve_templates,
+    validate_spec,
+)
 
 WORKFLOW_TYPE = "TrainingJob"
+
+#: Workflow ids a user may choose. No '/', spaces or control characters: ids end up in Web
+#: UI links, trainer ids and log lines. ':' stays (schedule runs end in an RFC 3339 time).
+WORKFLOW_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,199}")
+WORKFLOW_ID_RULE = (
+    "must be 1-200 characters of letters, digits, '.', '_', ':' and '-', "
+    "starting with a letter or digit"
+)
+
+
+def check_workflow_id(workflow_id: Any) -> str:
+    """``workflow_id`` if it is one a user may choose, else :class:`SpecError`."""
+    if not isinstance(workflow_id, str) or not WORKFLOW_ID.fullmatch(workflow_id):
+        raise input_error("workflow_id", WORKFLOW_ID_RULE, "workflow id")
+    return workflow_id
 
 
 def job_workflow_id(name: str) -> str:
@@ -38,16 +63,73 @@ def static_summary(spec: JobSpec) -> str:
     )[:400]
 
 
+def claimed_model(spec: JobSpec) -> str | None:
+    """The output model id the job claims while it is live (a schedule's templated id is
+    only known per run, so it claims nothing up front)."""
+    model_id = spec.output.model_id
+    if spec.output.promote == "none" or not model_id or is_template(model_id):
+        return None
+    return model_id
+
+
 def job_search_attributes(spec: JobSpec, *extra: SearchAttributePair[Any]) -> TypedSearchAttributes:
-    """What a job is found by from its first moment: phase PENDING, name, labels (+ extra)."""
+    """What a job is found by from its first moment: phase PENDING, name, labels, the
+    output model it claims (+ extra)."""
+    model_id = claimed_model(spec)
+    claim = [SearchAttributePair(sa.OUTPUT_MODEL, model_id)] if model_id else []
     return TypedSearchAttributes(
         [
             SearchAttributePair(sa.PHASE, Phase.PENDING.value),
             SearchAttributePair(sa.JOB_NAME, spec.name),
             SearchAttributePair(sa.LABELS, spec.label_keywords()),
+            *claim,
             *extra,
         ]
     )
+
+
+class JobPlan(BaseModel):
+    """What a submission would start (``submit --dry-run`` prints it)."""
+
+    workflow_id: str
+    task_queue: str
+    spec: JobSpec
+    #: The output model id the job would claim.
+    claims_model: str | None = None
+
+
+async def plan_job(
+    client: Client,
+    spec: JobSpec | dict[str, Any],
+    *,
+    task_queue: str,
+    workflow_id: str | None = None,
+    rerun: bool = False,
+) -> JobPlan:
+    """Validate ``spec`` and make every check that can be made before starting: the id is
+    free, a worker serves the backend, the output model id is not claimed. Starts nothing.
+    Schedule templates in a directly submitted spec are filled with the submission time."""
+    spec = validate_spec(spec)
+    if has_templates(spec):
+        spec = resolve_templates(spec, datetime.now(UTC))
+    plan = JobPlan(
+        workflow_id=job_workflow_id(spec.name)
+        if workflow_id is None
+        else check_workflow_id(workflow_id),
+        task_queue=task_queue,
+        spec=spec,
+        claims_model=claimed_model(spec),
+    )
+    if workflow_id is not None and (
+        refusal := await preflight.id_refusal(client, plan.workflow_id, rerun=rerun)
+    ):
+        raise refusal
+    await preflight.check_backend(
+        client, spec.scheduling.queue or task_queue, spec.backend, "backend"
+    )
+    if plan.claims_model:
+        await preflight.check_unclaimed(client, plan.claims_model, "output.model_id")
+    return plan
 
 
 async def start_job(
@@ -57,19 +139,23 @@ async def start_job(
     task_queue: str,
     workflow_id: str | None = None,
     parent_workflow_id: str | None = None,
+    rerun: bool = False,
 ) -> WorkflowHandle[Any, JobStatus]:
-    """Validate ``spec`` (raising :class:`shepherd.spec.SpecError` before anything exists)
-    and start its lifecycle workflow. Schedule templates in a directly submitted spec are
-    filled with the submission time."""
-    spec = validate_spec(spec)
-    if has_templates(spec):
-        spec = resolve_templates(spec, datetime.now(UTC))
+    """Validate ``spec`` (raising :class:`shepherd.spec.SpecError` before anything exists),
+    check it against the live system (:class:`shepherd.preflight.SubmissionRefused`) and start
+    its lifecycle workflow. A used ``workflow_id`` is refused unless ``rerun``."""
+    plan = await plan_job(client, spec, task_queue=task_queue, workflow_id=workflow_id, rerun=rerun)
+    spec = plan.spec
     parent = [SearchAttributePair(sa.PARENT, parent_workflow_id)] if parent_workflow_id else []
-    return await client.start_workflow(
+    return await preflight.start_guarded(
+        client,
         WORKFLOW_TYPE,
         JobInput(spec=spec, parent_workflow_id=parent_workflow_id),
-        id=workflow_id or job_workflow_id(spec.name),
+        workflow_id=plan.workflow_id,
         task_queue=task_queue,
+        rerun=rerun,
+        model_id=plan.claims_model,
+        model_field="output.model_id",
         result_type=JobStatus,
         search_attributes=job_search_attributes(spec, *parent),
         static_summary=static_summary(spec),

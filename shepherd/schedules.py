@@ -11,8 +11,9 @@ schedule.
 from __future__ import annotations
 
 import re
+from collections.abc import Awaitable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field
 from temporalio.client import (
@@ -20,10 +21,12 @@ from temporalio.client import (
     Schedule,
     ScheduleActionStartWorkflow,
     ScheduleBackfill,
+    ScheduleCalendarSpec,
     ScheduleHandle,
     ScheduleIntervalSpec,
     ScheduleOverlapPolicy,
     SchedulePolicy,
+    ScheduleRange,
     ScheduleSpec,
     ScheduleState,
 )
@@ -33,7 +36,9 @@ from temporalio.service import RPCError, RPCStatusCode
 from shepherd import search_attributes as sa
 from shepherd.jobs import WORKFLOW_TYPE, job_search_attributes, static_summary
 from shepherd.models import JobInput
-from shepherd.spec import JobSpec, SpecError, SpecProblem, resolve_templates, validate_spec
+from shepherd.spec import JobSpec, input_error, resolve_templates, validate_spec
+
+T = TypeVar("T")
 
 SCHEDULE_PREFIX = "sched-"
 NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")
@@ -73,10 +78,10 @@ def schedule_id(name: str) -> str:
     return f"{SCHEDULE_PREFIX}{name}"
 
 
-def _check_name(name: str) -> None:
+def check_name(name: str) -> None:
     if not NAME_RE.match(name):
-        raise SpecError(
-            [SpecProblem(field="schedule name", rule="must be 1-40 characters of a-z, 0-9 and '-'")]
+        raise input_error(
+            "schedule name", "must be 1-40 characters of a-z, 0-9 and '-'", "schedule"
         )
 
 
@@ -94,6 +99,42 @@ def _describe_spec(cron: list[str], every: timedelta | None) -> str:
     parts = [f"cron {c!r}" for c in cron]
     if every:
         parts.append(f"every {every}")
+    return ", ".join(parts)
+
+
+def _cron_field(ranges: Sequence[ScheduleRange], full: tuple[int, int]) -> str:
+    parts = []
+    for r in ranges:
+        end = max(r.end, r.start)
+        if (r.start, end) == full:
+            text = "*"
+        elif r.start == end:
+            text = str(r.start)
+        else:
+            text = f"{r.start}-{end}"
+        parts.append(text if r.step <= 1 else f"{text}/{r.step}")
+    return ",".join(parts) or "*"
+
+
+def _calendar_text(cal: ScheduleCalendarSpec) -> str:
+    """A cron-like line for a calendar: the server keeps cron expressions only in this
+    structured form, so a describe does not give the expression back."""
+    fields = [
+        _cron_field(cal.minute, (0, 59)),
+        _cron_field(cal.hour, (0, 23)),
+        _cron_field(cal.day_of_month, (1, 31)),
+        _cron_field(cal.month, (1, 12)),
+        _cron_field(cal.day_of_week, (0, 6)),
+    ]
+    return f"cron {' '.join(fields)!r}"
+
+
+def _spec_text(spec: ScheduleSpec, memo: Mapping[str, Any]) -> str:
+    if isinstance(memo.get("spec"), str):
+        return memo["spec"]  # the user's own words, kept at creation
+    parts = [f"cron {c!r}" for c in spec.cron_expressions]
+    parts += [_calendar_text(c) for c in spec.calendars]
+    parts += [f"every {i.every}" for i in spec.intervals]
     return ", ".join(parts)
 
 
@@ -121,17 +162,13 @@ class Schedules:
         note: str = "",
         task_queue: str | None = None,
     ) -> ScheduleInfo:
-        _check_name(name)
+        check_name(name)
         if not cron and every is None:
-            raise SpecError(
-                [SpecProblem(field="schedule", rule="give --cron EXPR or --every DURATION")]
-            )
+            raise input_error("schedule", "give --cron EXPR or --every DURATION", "schedule")
         if every is not None and every < timedelta(seconds=1):
-            raise SpecError([SpecProblem(field="every", rule="must be at least 1s")])
+            raise input_error("every", "must be at least 1s", "schedule")
         if overlap not in OVERLAP:
-            raise SpecError(
-                [SpecProblem(field="overlap", rule="must be one of " + ", ".join(OVERLAP))]
-            )
+            raise input_error("overlap", "must be one of " + ", ".join(OVERLAP), "schedule")
         template = prepare_template(spec, name)
         attrs = job_search_attributes(template, SearchAttributePair(sa.SCHEDULE, name))
         action = ScheduleActionStartWorkflow(
@@ -158,7 +195,11 @@ class Schedules:
             ),
         )
         try:
-            await self.client.create_schedule(schedule_id(name), schedule)
+            await self.client.create_schedule(
+                schedule_id(name),
+                schedule,
+                memo={"spec": _describe_spec(cron or [], every)},
+            )
         except RPCError as exc:
             raise ValueError(f"cannot create schedule {name!r}: {exc.message}") from None
         except Exception as exc:  # the SDK raises ScheduleAlreadyRunningError
@@ -175,12 +216,7 @@ class Schedules:
         return out
 
     async def describe(self, name: str, *, recent: int = 10) -> ScheduleInfo:
-        try:
-            desc = await self.handle(name).describe()
-        except RPCError as exc:
-            if exc.status == RPCStatusCode.NOT_FOUND:
-                raise KeyError(f"no schedule {name!r}") from None
-            raise
+        desc = await self._existing(name, self.handle(name).describe())
         action = desc.schedule.action
         job = ""
         if isinstance(action, ScheduleActionStartWorkflow):
@@ -196,14 +232,15 @@ class Schedules:
                     outcome=await self._outcome(wid),
                 )
             )
-        spec = desc.schedule.spec
+        try:
+            memo = await desc.memo()
+        except Exception:  # a memo written by another tool: describe the calendar instead
+            memo = {}
         return ScheduleInfo(
             name=name,
             schedule_id=desc.id,
             job=job,
-            spec=_describe_spec(
-                list(spec.cron_expressions), spec.intervals[0].every if spec.intervals else None
-            ),
+            spec=_spec_text(desc.schedule.spec, memo),
             paused=desc.schedule.state.paused,
             note=desc.schedule.state.note or "",
             overlap=desc.schedule.policy.overlap.name.lower()
@@ -225,27 +262,44 @@ class Schedules:
         phase = d.typed_search_attributes.get(sa.PHASE)
         return phase or (d.status.name if d.status else None)
 
+    @staticmethod
+    async def _existing(name: str, call: Awaitable[T]) -> T:
+        """``call``'s result; a missing schedule is ``KeyError("no schedule 'x'")``, not the
+        server's "workflow not found for ID: temporal-sys-scheduler:..."."""
+        try:
+            return await call
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:
+                raise KeyError(f"no schedule {name!r}") from None
+            raise
+
     async def pause(self, name: str, note: str = "") -> None:
-        await self.handle(name).pause(note=note or "paused by shepherd")
+        await self._existing(name, self.handle(name).pause(note=note or "paused by shepherd"))
 
     async def unpause(self, name: str, note: str = "") -> None:
-        await self.handle(name).unpause(note=note or "unpaused by shepherd")
+        await self._existing(name, self.handle(name).unpause(note=note or "unpaused by shepherd"))
 
     async def trigger(self, name: str, overlap: Overlap | None = None) -> None:
-        await self.handle(name).trigger(overlap=OVERLAP[overlap] if overlap else None)
+        await self._existing(
+            name, self.handle(name).trigger(overlap=OVERLAP[overlap] if overlap else None)
+        )
 
     async def backfill(
         self, name: str, start: datetime, end: datetime, overlap: Overlap = "allow_all"
     ) -> None:
         """Run every action the schedule would have taken in [start, end) (also while paused)."""
         if end <= start:
-            raise SpecError([SpecProblem(field="backfill", rule="TO must be after FROM")])
-        await self.handle(name).backfill(
-            ScheduleBackfill(start_at=start, end_at=end, overlap=OVERLAP[overlap])
+            raise input_error("backfill", "TO must be after FROM", "backfill")
+        await self._existing(
+            name,
+            self.handle(name).backfill(
+                ScheduleBackfill(start_at=start, end_at=end, overlap=OVERLAP[overlap])
+            ),
         )
 
     async def delete(self, name: str) -> None:
-        await self.handle(name).delete()
+        """Delete the schedule; a missing one raises ``KeyError("no schedule 'x'")``."""
+        await self._existing(name, self.handle(name).delete())
 
 
 def parse_time(value: str | datetime) -> datetime:

@@ -16,6 +16,9 @@ JOB_NAME = SearchAttributeKey.for_keyword("ShepherdJobName")
 SWEEP = SearchAttributeKey.for_keyword("ShepherdSweep")
 SCHEDULE = SearchAttributeKey.for_keyword("ShepherdSchedule")
 PARENT = SearchAttributeKey.for_keyword("ShepherdParent")
+#: The output model id a live job (or a sweep's promote_best) claims from submission on, so
+#: that no second live job can claim it (shepherd.preflight).
+OUTPUT_MODEL = SearchAttributeKey.for_keyword("ShepherdOutputModel")
 
 ALL: tuple[SearchAttributeKey, ...] = (
     PHASE,
@@ -27,6 +30,7 @@ ALL: tuple[SearchAttributeKey, ...] = (
     SWEEP,
     SCHEDULE,
     PARENT,
+    OUTPUT_MODEL,
 )
 
 #: Set by Temporal on runs started by a schedule (built in; not registered by us).

@@ -68,13 +68,31 @@ Duration = Annotated[
 ]
 
 
-class SpecModel(BaseModel):
-    """Strict about names (a typo is an error, not a silently ignored field)."""
+def _not_bool(value: Any) -> Any:
+    # pydantic reads true/false as 1/0 where a number is meant (``total_steps: true``).
+    if isinstance(value, bool):
+        raise PydanticCustomError("bool_number", "must be a number, not true/false")
+    return value
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=False)
+
+#: Every number in a spec: an int or float field refuses true/false.
+Int = Annotated[int, BeforeValidator(_not_bool)]
+Float = Annotated[float, BeforeValidator(_not_bool)]
+
+
+class SpecModel(BaseModel):
+    """Strict about names (a typo is an error, not a silently ignored field), and about
+    numbers: NaN and infinities are refused, and so are true/false (fields typed
+    :data:`Int` / :data:`Float`)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=False, allow_inf_nan=False)
 
 
 TEMPLATE_MARK = "{scheduled_time"
+#: The only placeholders a template may hold: ``{scheduled_time}`` or
+#: ``{scheduled_time:<strftime>}``. Nothing else is expanded (no attributes, no indexing,
+#: no conversions), so a spec cannot reach into Python objects through a template.
+_PLACEHOLDER = re.compile(r"\{scheduled_time(?::([^{}]*))?\}")
 
 
 def is_template(value: Any) -> bool:
@@ -82,11 +100,20 @@ def is_template(value: Any) -> bool:
     return isinstance(value, str) and TEMPLATE_MARK in value
 
 
+def _control_characters(value: str) -> bool:
+    return any(not ch.isprintable() for ch in value)
+
+
 def _rule(check: Any) -> Any:
     """A field validator from a platform rule check (returns None or the broken rule).
-    Templates are checked once resolved (see :func:`resolve_templates`)."""
+    Templates are checked once resolved (see :func:`resolve_templates`). Every value these
+    checks cover is a name or an id: one line, without control characters."""
 
     def validate(value: Any) -> Any:
+        if isinstance(value, str) and _control_characters(value):
+            raise PydanticCustomError(
+                "platform_rule", "must be one line without control characters"
+            )
         if value is not None and not is_template(value) and (problem := check(value)):
             raise PydanticCustomError("platform_rule", problem)
         return value
@@ -94,11 +121,12 @@ def _rule(check: Any) -> Any:
     return validate
 
 
-LABEL_KEY = re.compile(r"^[a-z0-9]([a-z0-9_./-]{0,61}[a-z0-9])?$")
+# `\Z`, not `$`: `$` also matches before a trailing newline ("name\n" would pass).
+LABEL_KEY = re.compile(r"^[a-z0-9]([a-z0-9_./-]{0,61}[a-z0-9])?\Z")
 #: A registered training loop's name (shepherd.loops checks worker registrations by it too).
 LOOP_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,62}\Z")
-JOB_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")
-BACKEND_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
+JOB_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?\Z")
+BACKEND_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}\Z")
 
 
 class TrainerSpec(SpecModel):
@@ -108,11 +136,11 @@ class TrainerSpec(SpecModel):
     #: ``accounts/<a>/trainingShapes/<s>[/versions/<v>]``; None is the manual path.
     training_shape: Annotated[str | None, BeforeValidator(_rule(rules.check_shape_ref))] = None
     lora_rank: Annotated[
-        int,
+        Int,
         BeforeValidator(_rule(lambda v: rules.check_lora_rank(v) if isinstance(v, int) else None)),
     ] = 0
-    learning_rate: float = Field(default=1e-3, gt=0, le=1)
-    max_context_length: int | None = Field(default=None, ge=1, le=rules.MAX_CONTEXT_LENGTH)
+    learning_rate: Float = Field(default=1e-3, gt=0, le=1)
+    max_context_length: Int | None = Field(default=None, ge=1, le=rules.MAX_CONTEXT_LENGTH)
     display_name: Annotated[str | None, BeforeValidator(_rule(rules.check_display_name))] = None
     hot_load_deployment: Annotated[str | None, BeforeValidator(_rule(rules.check_resource_id))] = (
         None
@@ -123,8 +151,8 @@ class TrainerSpec(SpecModel):
     accelerator_type: Annotated[
         str | None, BeforeValidator(_rule(rules.check_accelerator_type))
     ] = None
-    accelerator_count: int | None = Field(default=None, ge=1, le=64)
-    node_count: int | None = Field(default=None, ge=1, le=64)
+    accelerator_count: Int | None = Field(default=None, ge=1, le=64)
+    node_count: Int | None = Field(default=None, ge=1, le=64)
     extra_args: list[str] = Field(default_factory=list)
     inactivity_timeout: Duration = timedelta(hours=1)
     preemptible: bool = False
@@ -164,15 +192,15 @@ class TrainingSpec(SpecModel):
     #: Tinker loop registered by name (``SHEPHERD_LOOPS``, ``shepherd.loops`` entry points).
     loop: str = "supervised"
     dataset: str = "synthetic:text"
-    total_steps: int = Field(gt=0, le=10_000_000)
-    batch_size: int = Field(default=32, ge=1, le=4096)
-    micro_batches: int = Field(default=1, ge=1, le=64)
-    seed: int = Field(default=0, ge=0, le=2**31 - 1)
-    validation_split: float = Field(default=0.1, gt=0, lt=1)
+    total_steps: Int = Field(gt=0, le=10_000_000)
+    batch_size: Int = Field(default=32, ge=1, le=4096)
+    micro_batches: Int = Field(default=1, ge=1, le=64)
+    seed: Int = Field(default=0, ge=0, le=2**31 - 1)
+    validation_split: Float = Field(default=0.1, gt=0, lt=1)
     #: Start from this checkpoint (``accounts/<a>/rlorTrainerJobs/<j>/checkpoints/<c>``).
     resume_from: str | None = None
     #: Optimizer steps per training activity; defaults to the checkpoint cadence (max 50).
-    steps_per_chunk: int | None = Field(default=None, ge=1, le=10_000)
+    steps_per_chunk: Int | None = Field(default=None, ge=1, le=10_000)
 
     @field_validator("dataset")
     @classmethod
@@ -199,7 +227,7 @@ class TrainingSpec(SpecModel):
         if (
             value is not None
             and not is_template(value)
-            and not rules.CHECKPOINT_NAME_RE.match(value)
+            and (_control_characters(value) or not rules.CHECKPOINT_NAME_RE.fullmatch(value))
         ):
             raise PydanticCustomError(
                 "checkpoint",
@@ -209,8 +237,8 @@ class TrainingSpec(SpecModel):
 
 
 class CheckpointSpec(SpecModel):
-    every_steps: int = Field(default=50, ge=1)
-    keep_last: int = Field(default=3, ge=1, le=1000)
+    every_steps: Int = Field(default=50, ge=1)
+    keep_last: Int = Field(default=3, ge=1, le=1000)
     #: Tracked metric for "best": ``eval_loss`` (or another key the trainer's evaluate returns).
     metric: str = "eval_loss"
     mode: Literal["min", "max"] = "min"
@@ -232,7 +260,7 @@ class SchedulingSpec(SpecModel):
     #: Temporal task queue for this job's activities (None: the worker's default).
     queue: str | None = Field(default=None, min_length=1, max_length=200)
     #: 0 (lowest) .. 10 (most urgent): maps to Temporal's task priority.
-    priority: int = Field(default=5, ge=0, le=10)
+    priority: Int = Field(default=5, ge=0, le=10)
     preemptible: bool = False
     #: Hard bound on the job's whole life; past it the job fails (and the trainer is deleted).
     max_runtime: Duration | None = None
@@ -251,22 +279,25 @@ class PoliciesSpec(SpecModel):
     pending_timeout: Duration = timedelta(hours=48)
     ready_timeout: Duration = timedelta(minutes=15)
     poll_interval: Duration = timedelta(seconds=5)
-    warmup_probes: int = Field(default=3, ge=1, le=50)
+    warmup_probes: Int = Field(default=3, ge=1, le=50)
     warmup_timeout: Duration = timedelta(seconds=120)
-    route_race_retries: int = Field(default=4, ge=0, le=100)
+    route_race_retries: Int = Field(default=4, ge=0, le=100)
     route_race_window: Duration = timedelta(seconds=30)
-    max_preemptions: int = Field(default=10, ge=0, le=1000)
-    max_failures: int = Field(default=3, ge=0, le=100)
+    max_preemptions: Int = Field(default=10, ge=0, le=1000)
+    max_failures: Int = Field(default=3, ge=0, le=100)
     #: After this many preemptions a preemptible job continues on a non-preemptible trainer.
-    fallback_to_on_demand_after: int | None = Field(default=None, ge=1)
+    fallback_to_on_demand_after: Int | None = Field(default=None, ge=1)
     #: Longest one optimizer step may take before the trainer is presumed stuck.
     step_timeout: Duration = timedelta(minutes=10)
     #: Silence after which a training activity's worker is presumed dead and the chunk is
-    #: retried elsewhere (activities heartbeat during long steps too).
-    heartbeat_timeout: Duration = timedelta(seconds=30)
+    #: retried elsewhere (activities heartbeat during long steps too). 4 s keeps a worker
+    #: crash's stall near 5 s (+1 s retry interval); the SDK then sends a heartbeat about
+    #: every 3.2 s per activity holding a trainer: ~0.3 server writes/s per live trainer,
+    #: bounded by the platform's slots, not by the number of jobs.
+    heartbeat_timeout: Duration = timedelta(seconds=4)
     #: Continue-as-new once the history holds this many events (Temporal's own suggestion
     #: also triggers it), so a 100 000-step job keeps a small history.
-    max_history_events: int = Field(default=10_000, ge=200, le=50_000)
+    max_history_events: Int = Field(default=10_000, ge=200, le=50_000)
 
     @model_validator(mode="after")
     def _positive(self) -> PoliciesSpec:
@@ -330,7 +361,7 @@ class JobSpec(SpecModel):
                     "label key '{key}' must be 1-63 characters of a-z, 0-9, '_', '.', '/', '-'",
                     {"key": key},
                 )
-            if len(val) > 63 or "\n" in val:
+            if len(val) > 63 or _control_characters(val):
                 raise PydanticCustomError(
                     "labels",
                     "label '{key}': values are at most 63 characters on one line",
@@ -392,16 +423,26 @@ class SpecProblem(BaseModel):
 
 
 class SpecError(ValueError):
-    """The spec breaks rules; ``problems`` lists each as ``field: rule``."""
+    """The spec (or an argument that goes with it: an override, a workflow id, an option)
+    breaks rules; ``problems`` lists each as ``field: rule``. ``what`` names the input in
+    the message, so an option error is not reported as a bad spec."""
 
-    def __init__(self, problems: list[SpecProblem], source: str | None = None) -> None:
+    def __init__(
+        self, problems: list[SpecProblem], source: str | None = None, *, what: str = "job spec"
+    ) -> None:
         self.problems = problems
         self.source = source
+        self.what = what
         where = f" in {source}" if source else ""
         lines = "\n".join(f"  - {p}" for p in problems)
         super().__init__(
-            f"invalid job spec{where} ({len(problems)} problem{'s' * (len(problems) != 1)}):\n{lines}"
+            f"invalid {what}{where} ({len(problems)} problem{'s' * (len(problems) != 1)}):\n{lines}"
         )
+
+
+def input_error(field: str, rule: str, what: str = "input") -> SpecError:
+    """One problem with an argument rather than with the spec itself."""
+    return SpecError([SpecProblem(field=field, rule=rule)], what=what)
 
 
 def _prefix_for(model_loc: tuple[Any, ...]) -> str:
@@ -423,6 +464,8 @@ def problems_from(exc: ValidationError) -> list[SpecProblem]:
             rule = "is not a known field"
         elif err["type"] == "missing":
             rule = "is required"
+        elif err["type"] == "finite_number":
+            rule = "must be a finite number (not NaN or infinity)"
         else:
             rule = err["msg"]
             rule = rule[0].lower() + rule[1:] if rule else rule
@@ -479,18 +522,35 @@ def load_spec(path: str | Path, *, overrides: list[str] | None = None) -> JobSpe
 
 def apply_override(data: dict[str, Any], item: str) -> None:
     """``training.total_steps=200`` -> data["training"]["total_steps"] = 200 (YAML-typed)."""
+    if not isinstance(item, str):
+        raise input_error(
+            "overrides",
+            f"each override must be a 'path.to.field=value' string, not {item!r}",
+            "override",
+        )
     key, sep, raw = item.partition("=")
     if not sep or not key:
-        raise SpecError([SpecProblem(field=item, rule="an override must be path.to.field=value")])
-    value = yaml.safe_load(raw) if raw else ""
+        raise input_error(item, "an override must be path.to.field=value", "override")
+    set_path(data, key.strip(), yaml.safe_load(raw) if raw else "")
+
+
+def set_path(data: dict[str, Any], path: str, value: Any) -> None:
+    """``data[a][b][c] = value`` for ``path`` "a.b.c", creating missing sections; a path
+    through a value that is not a section is an error naming the path."""
+    if not isinstance(path, str) or not path or "" in path.split("."):
+        raise input_error(
+            "overrides",
+            f"{path!r} is not a dotted field path such as training.total_steps",
+            "override",
+        )
     node = data
-    parts = key.strip().split(".")
-    for part in parts[:-1]:
+    *parents, leaf = path.split(".")
+    for part in parents:
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
-            raise SpecError([SpecProblem(field=key, rule=f"{part} is not a section")])
+            raise input_error(path, f"{part} is not a section", "override")
         node = child
-    node[parts[-1]] = value
+    node[leaf] = value
 
 
 def has_templates(spec: JobSpec) -> bool:
@@ -504,18 +564,29 @@ def resolve_templates(spec: JobSpec, scheduled_time: datetime) -> JobSpec:
     data = spec.model_dump(mode="json")
     problems: list[SpecProblem] = []
 
+    def expand(match: re.Match[str]) -> str:
+        return format(scheduled_time, match.group(1) or "")
+
     def fill(value: Any, path: str) -> Any:
         if is_template(value):
             try:
-                return value.format(scheduled_time=scheduled_time)
-            except (KeyError, IndexError, ValueError) as exc:
+                filled = _PLACEHOLDER.sub(expand, value)
+            except ValueError as exc:
+                filled, reason = value, f" ({exc})"
+            else:
+                reason = ""
+            # Anything left in braces is a placeholder we do not expand ({scheduled_time.year},
+            # {other}, {scheduled_time!r} ...): refused rather than passed on half-filled.
+            if reason or "{" in filled or "}" in filled:
                 problems.append(
                     SpecProblem(
                         field=path,
-                        rule=f"bad template {value!r}: only {{scheduled_time:<strftime>}} is known ({exc})",
+                        rule=f"bad template {value!r}: only {{scheduled_time}} and "
+                        f"{{scheduled_time:<strftime>}} are expanded{reason}",
                     )
                 )
                 return value
+            return filled
         if isinstance(value, dict):
             return {k: fill(v, f"{path}.{k}" if path else k) for k, v in value.items()}
         if isinstance(value, list):

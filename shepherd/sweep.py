@@ -32,6 +32,8 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 from shepherd.platform import rules
 from shepherd.spec import (
     JOB_NAME,
+    Float,
+    Int,
     JobSpec,
     SpecError,
     SpecModel,
@@ -44,11 +46,11 @@ from shepherd.spec import (
 
 class DoubleParam(SpecModel):
     type: Literal["double"]
-    min: float
-    max: float
+    min: Float
+    max: Float
     scale: Literal["linear", "log"] = "linear"
     #: Points per axis for grid search.
-    grid_points: int = Field(default=3, ge=2, le=100)
+    grid_points: Int = Field(default=3, ge=2, le=100)
 
     @model_validator(mode="after")
     def _range(self) -> DoubleParam:
@@ -73,9 +75,9 @@ class DoubleParam(SpecModel):
 
 class IntParam(SpecModel):
     type: Literal["int"]
-    min: int
-    max: int
-    step: int = Field(default=1, ge=1)
+    min: Int
+    max: Int
+    step: Int = Field(default=1, ge=1)
 
     @model_validator(mode="after")
     def _range(self) -> IntParam:
@@ -113,9 +115,9 @@ class EarlyStopping(SpecModel):
 
     type: Literal["median"] = "median"
     #: Other trials that must have reported at that step before any is stopped.
-    min_trials: int = Field(default=3, ge=1)
+    min_trials: Int = Field(default=3, ge=1)
     #: No trial is stopped before this step (its early checkpoints are noisy).
-    min_step: int = Field(default=0, ge=0)
+    min_step: Int = Field(default=0, ge=0)
 
 
 class PromoteBest(SpecModel):
@@ -127,13 +129,13 @@ class SweepSpec(SpecModel):
     base: JobSpec
     parameters: dict[str, Param] = Field(min_length=1)
     method: Literal["grid", "random", "bayes"] = "random"
-    max_trials: int = Field(default=10, ge=1, le=1000)
-    parallelism: int = Field(default=2, ge=1, le=100)
+    max_trials: Int = Field(default=10, ge=1, le=1000)
+    parallelism: Int = Field(default=2, ge=1, le=100)
     metric: str = "eval_loss"
     goal: Literal["minimize", "maximize"] = "minimize"
     early_stopping: EarlyStopping | None = None
     promote_best: PromoteBest | None = None
-    seed: int = Field(default=0, ge=0)
+    seed: Int = Field(default=0, ge=0)
 
     @model_validator(mode="after")
     def _consistent(self) -> SweepSpec:

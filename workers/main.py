@@ -30,6 +30,7 @@ from activities.recovery import RecoveryActivities
 from activities.sweeps import SweepActivities
 from activities.training import TrainingActivities
 from shepherd.logging import configure_logging
+from shepherd.preflight import worker_identity
 from shepherd.temporal import TemporalSettings, connect, ensure_search_attributes
 from workers.config import BackendProfile, BackendRegistry, profiles_from_env
 from workers.events import EventBridge
@@ -116,6 +117,8 @@ def workers_for(
     ``task_queue``, polls on its waits queue (each with its own slots and pollers)."""
     sizing = sizing or WorkerSizing()
     activities = activities_for(registry)
+    # Advertises the backends it serves: submission refuses a backend no worker has.
+    identity = worker_identity(registry.profiles)
     return [
         Worker(
             client,
@@ -128,6 +131,7 @@ def workers_for(
             sticky_queue_schedule_to_start_timeout=timedelta(seconds=sizing.sticky_timeout_s),
             max_concurrent_activities=sizing.activity_slots,
             graceful_shutdown_timeout=timedelta(seconds=5),
+            identity=identity,
         ),
         Worker(
             client,
@@ -135,6 +139,7 @@ def workers_for(
             activities=activities,
             max_concurrent_activities=sizing.wait_slots,
             graceful_shutdown_timeout=timedelta(seconds=5),
+            identity=identity,
         ),
     ]
 

@@ -80,6 +80,16 @@ class SweepWorkflow:
             self.s.phase = Phase.CANCELLED.value
             self._publish()
             raise
+        except Exception as err:
+            # The sweep fails (e.g. promotion refused): say so, and why, before it ends.
+            root: BaseException = err
+            while getattr(root, "cause", None) is not None:
+                root = root.cause  # type: ignore[attr-defined]
+            kind = getattr(root, "type", None) or type(root).__name__
+            self.s.phase = Phase.FAILED.value
+            self.s.error = f"{kind}: {getattr(root, 'message', None) or root}"[:500]
+            self._publish()
+            raise
         self.s.phase = Phase.COMPLETED.value
         self._publish()
         return self.s

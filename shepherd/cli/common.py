@@ -1,8 +1,9 @@
 """What every CLI command shares: the connection options and one place that turns
 failures into a one-line reason and an exit code.
 
-Exit codes: 0 success · 1 the job (or request) failed · 2 invalid input · 3 Temporal
-unreachable · 4 not found.
+Exit codes: 0 success · 1 the job (or request) failed · 2 invalid input (a bad spec or
+option, or a submission refused: its id or output model id taken) · 3 Temporal unreachable ·
+4 not found.
 """
 
 from __future__ import annotations
@@ -51,20 +52,22 @@ def ui_link(workflow_id: str) -> str:
 
 
 def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
-    err_console.print(f"[red]error:[/red] {message}", highlight=False)
+    err_console.print("[red]error:[/red] ", end="", highlight=False)
+    # The message may quote user input ("[x]" would be read as markup).
+    err_console.print(message, highlight=False, markup=False)
     raise typer.Exit(code)
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
     """Run a command's coroutine; every failure ends as one line and an exit code."""
-    from shepherd.client import JobFailed
+    from shepherd.client import JobEnded, JobFailed
 
     try:
         return asyncio.run(coro)
     except SpecError as exc:
-        err_console.print(f"[red]{exc}[/red]", highlight=False)
+        err_console.print(str(exc), style="red", highlight=False, markup=False)
         raise typer.Exit(EXIT_INVALID) from None
-    except JobFailed as exc:
+    except (JobFailed, JobEnded) as exc:
         fail(str(exc), EXIT_FAILED)
     except WorkflowUpdateFailedError as exc:
         fail(

@@ -1,4 +1,5 @@
-"""``shepherd submit | status | watch | list | pause | resume | cancel | retry | checkpoints``."""
+"""``shepherd validate | submit | status | watch | list | pause | resume | cancel | retry |
+checkpoints``."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import typer
 
 from shepherd.cli.common import EXIT_FAILED, fail, run, shepherd, ui_link
 from shepherd.cli.render import (
+    checkpoint_table,
     console,
     job_table,
     outcome_line,
     print_json,
+    print_yaml,
     show_status,
     watch_progress,
 )
@@ -38,7 +41,37 @@ async def _follow(job: Any, as_json: bool) -> None:
         raise typer.Exit(EXIT_FAILED)
 
 
+def _is_sweep(data: dict[str, Any]) -> bool:
+    return "parameters" in data and ("base" in data or "spec" in data)
+
+
 def register(app: typer.Typer) -> None:
+    @app.command()
+    def validate(
+        spec: Annotated[Path, typer.Argument(help="A job spec or a sweep file (YAML or JSON).")],
+        overrides: SetOption = None,
+        as_json: JsonOption = False,
+    ) -> None:
+        """Check a spec without connecting anywhere: print it normalised (every default
+        filled in) and exit 0, or print every problem with its field and exit 2."""
+
+        async def go() -> None:
+            from datetime import UTC, datetime
+
+            from shepherd.client import load_job_spec
+            from shepherd.spec import load_spec_data, resolve_templates
+            from shepherd.sweep import load_sweep
+
+            if _is_sweep(load_spec_data(spec)):
+                normalised: Any = load_sweep(spec, overrides=overrides)
+            else:
+                normalised = load_job_spec(spec, overrides)
+                resolve_templates(normalised, datetime.now(UTC))  # templates must fill too
+            data = normalised.model_dump(mode="json")
+            print_json(data) if as_json else print_yaml(data)
+
+        run(go())
+
     @app.command()
     def submit(
         spec: Annotated[Path, typer.Argument(help="The job spec (YAML or JSON).")],
@@ -49,13 +82,51 @@ def register(app: typer.Typer) -> None:
         workflow_id: Annotated[
             str | None, typer.Option("--id", help="Workflow id (default job-<name>-<suffix>).")
         ] = None,
+        rerun: Annotated[
+            bool,
+            typer.Option(
+                "--rerun",
+                help="With --id of a job that has ended: start a new run under that id "
+                "(never while it runs).",
+            ),
+        ] = False,
+        dry_run: Annotated[
+            bool,
+            typer.Option(
+                "--dry-run",
+                help="Make every check (spec, id, backend, output model) and start nothing.",
+            ),
+        ] = False,
         as_json: JsonOption = False,
     ) -> None:
-        """Validate a spec and start the job (nothing is started when the spec is invalid)."""
+        """Validate a spec and start the job (nothing is started when the spec is invalid,
+        its --id is taken, or its output model id is claimed by another live job)."""
+        if rerun and workflow_id is None:
+            fail("--rerun needs --id: the id of the job to run again", 2)
 
         async def go() -> None:
+            from shepherd.client import load_job_spec
+            from shepherd.jobs import check_workflow_id
+
+            # Before connecting: bad input needs no server.
+            job_spec = load_job_spec(spec, overrides)
+            if workflow_id is not None:
+                check_workflow_id(workflow_id)
             sh = await shepherd()
-            job = await sh.submit(spec, overrides=overrides, workflow_id=workflow_id)
+            if dry_run:
+                plan = await sh.plan(job_spec, workflow_id=workflow_id, rerun=rerun)
+                if as_json:
+                    print_json(plan)
+                    return
+                claim = f"; claims output model {plan.claims_model!r}" if plan.claims_model else ""
+                console.print(
+                    f"would start [bold]{plan.workflow_id}[/bold] on task queue "
+                    f"{plan.task_queue!r}{claim} (dry run: nothing started)",
+                    highlight=False,
+                )
+                print_yaml(plan.spec.model_dump(mode="json"))
+                return
+            job = await sh.submit(job_spec, workflow_id=workflow_id, rerun=rerun)
             if as_json and not watch:
                 print_json({"workflow_id": job.id, "ui": ui_link(job.id)})
             elif not as_json:
@@ -147,12 +218,18 @@ def register(app: typer.Typer) -> None:
         run(go())
 
     @app.command()
-    def cancel(workflow_id: str, reason: Annotated[str, typer.Option()] = "") -> None:
-        """Cancel; cleanup still runs (the trainer is deleted, checkpoints are kept)."""
+    def cancel(
+        workflow_id: str, reason: Annotated[str, typer.Option()] = "", as_json: JsonOption = False
+    ) -> None:
+        """Cancel; cleanup still runs (the trainer is deleted, checkpoints are kept). A job
+        that has already ended is left alone, and the command says how it ended (exit 1)."""
 
         async def go() -> None:
             await (await shepherd()).get(workflow_id).cancel(reason)
-            console.print(f"cancel requested for {workflow_id}")
+            if as_json:
+                print_json({"workflow_id": workflow_id, "cancel_requested": True})
+            else:
+                console.print(f"cancel requested for {workflow_id}")
 
         run(go())
 
@@ -169,6 +246,9 @@ def register(app: typer.Typer) -> None:
         """A new job from a checkpoint of this one, with changed resources, linked to it."""
 
         async def go() -> None:
+            from shepherd.client import apply_overrides
+
+            apply_overrides({}, overrides)  # their syntax, before connecting
             job = (
                 await (await shepherd())
                 .get(workflow_id)
@@ -193,17 +273,6 @@ def register(app: typer.Typer) -> None:
         async def go() -> None:
             job = (await shepherd()).get(workflow_id)
             st = await job.status()
-            if as_json:
-                print_json(st.checkpoints)
-                return
-            from rich.table import Table
-
-            table = Table("checkpoint", "step", st.eval_metric, "best")
-            for c in st.checkpoints:
-                best = "*" if st.best and st.best.name == c.name else ""
-                table.add_row(
-                    c.name, str(c.step), "-" if c.metric is None else f"{c.metric:.4f}", best
-                )
-            console.print(table)
+            print_json(st.checkpoints) if as_json else checkpoint_table(st)
 
         run(go())

@@ -40,6 +40,36 @@ def print_json(value: Any) -> None:
     sys.stdout.write(as_json(value) + "\n")
 
 
+def print_yaml(data: Any) -> None:
+    import yaml
+
+    sys.stdout.write(yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
+
+
+def _fits(headers: list[str], rows: list[list[str]]) -> bool:
+    """Whether a boxed table shows every cell whole in the terminal's width (rich would
+    otherwise cut or wrap cells, ids included)."""
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+    return sum(w + 3 for w in widths) + 1 <= console.width
+
+
+def _table_or_records(headers: list[str], rows: list[list[str]], key: int = 0) -> None:
+    """A table when it fits; else one record per row: its id (column ``key``) whole on a
+    line of its own, so it can be copied, and the other columns indented below it."""
+    if _fits(headers, rows):
+        table = Table(*headers)
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+        return
+    for row in rows:
+        console.print(row[key], highlight=False, markup=False, soft_wrap=True)
+        rest = [
+            f"{h} {v}" for i, (h, v) in enumerate(zip(headers, row, strict=True)) if i != key and v
+        ]
+        console.print("    " + " · ".join(rest), highlight=False, markup=False)
+
+
 def _age(status: JobStatus) -> str:
     if not status.started_at or not status.updated_at:
         return "-"
@@ -122,15 +152,30 @@ async def watch_progress(updates: AsyncIterator[JobStatus]) -> JobStatus:
 
 
 def job_table(rows: Iterable[Any]) -> None:
-    table = Table("job", "name", "phase", "step", "labels", "trainer", "started")
-    for r in rows:
-        table.add_row(
+    headers = ["job", "name", "phase", "step", "labels", "trainer", "started"]
+    cells = [
+        [
             r.workflow_id,
             r.name or "-",
             r.phase or r.execution_status or "-",
             "-" if r.step is None else str(r.step),
-            ", ".join(f"{k}={v}" for k, v in sorted(r.labels.items())),
+            ", ".join(f"{k}={v}" for k, v in sorted(r.labels.items())) or "-",
             r.trainer_job_id or "-",
             r.start_time.strftime("%Y-%m-%d %H:%M:%S") if r.start_time else "-",
-        )
-    console.print(table)
+        ]
+        for r in rows
+    ]
+    _table_or_records(headers, cells)
+
+
+def checkpoint_table(status: JobStatus) -> None:
+    cells = [
+        [
+            c.name,
+            str(c.step),
+            "-" if c.metric is None else f"{c.metric:.4f}",
+            "*" if status.best and status.best.name == c.name else "",
+        ]
+        for c in status.checkpoints
+    ]
+    _table_or_records(["checkpoint", "step", status.eval_metric, "best"], cells)

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
 from shepherd.cli.common import fail, run, shepherd
 from shepherd.cli.render import console, print_json
-from shepherd.schedules import OVERLAP, ScheduleInfo, parse_time
+from shepherd.schedules import OVERLAP, ScheduleInfo, check_name, parse_time
 from shepherd.spec import parse_duration
 
 app = typer.Typer(help="Recurring experiments (Temporal Schedules).", no_args_is_help=True)
@@ -82,8 +83,9 @@ def create(
     async def go() -> None:
         from shepherd.client import load_job_spec
 
-        sh = await shepherd()
+        check_name(name)  # before connecting: bad input needs no server
         job_spec = load_job_spec(spec, overrides)
+        sh = await shepherd()
         info = await sh.schedules.create(
             name,
             job_spec,
@@ -135,22 +137,28 @@ def describe(name: str, as_json: JsonOption = False) -> None:
 
 
 @app.command()
-def pause(name: str, note: Annotated[str, typer.Option()] = "") -> None:
+def pause(
+    name: str, note: Annotated[str, typer.Option()] = "", as_json: JsonOption = False
+) -> None:
     """Stop starting new runs (running ones go on)."""
-    run(_then(lambda sh: sh.schedules.pause(name, note), f"paused {name}"))
+    run(_then(lambda sh: sh.schedules.pause(name, note), name, "paused", as_json))
 
 
 @app.command()
-def unpause(name: str, note: Annotated[str, typer.Option()] = "") -> None:
-    run(_then(lambda sh: sh.schedules.unpause(name, note), f"unpaused {name}"))
+def unpause(
+    name: str, note: Annotated[str, typer.Option()] = "", as_json: JsonOption = False
+) -> None:
+    run(_then(lambda sh: sh.schedules.unpause(name, note), name, "unpaused", as_json))
 
 
 @app.command()
-def trigger(name: str, overlap: Annotated[str | None, typer.Option()] = None) -> None:
+def trigger(
+    name: str, overlap: Annotated[str | None, typer.Option()] = None, as_json: JsonOption = False
+) -> None:
     """Start a run now."""
     if overlap is not None and overlap not in OVERLAP:
         fail(f"--overlap {overlap!r}: must be one of {', '.join(OVERLAP)}", 2)
-    run(_then(lambda sh: sh.schedules.trigger(name, overlap), f"triggered {name}"))
+    run(_then(lambda sh: sh.schedules.trigger(name, overlap), name, "triggered", as_json))
 
 
 @app.command()
@@ -161,6 +169,7 @@ def backfill(
     ],
     end: Annotated[str, typer.Argument(metavar="TO")],
     overlap: Annotated[str, typer.Option()] = "allow_all",
+    as_json: JsonOption = False,
 ) -> None:
     """Run now every action the schedule would have taken between FROM and TO."""
     try:
@@ -172,17 +181,25 @@ def backfill(
     run(
         _then(
             lambda sh: sh.schedules.backfill(name, begin, finish, overlap),
-            f"backfilled {name} from {begin} to {finish}",
+            name,
+            "backfilled",
+            as_json,
+            f" from {begin} to {finish}",
         )
     )
 
 
 @app.command()
-def delete(name: str) -> None:
+def delete(name: str, as_json: JsonOption = False) -> None:
     """Delete the schedule (its past and running jobs are untouched)."""
-    run(_then(lambda sh: sh.schedules.delete(name), f"deleted {name}"))
+    run(_then(lambda sh: sh.schedules.delete(name), name, "deleted", as_json))
 
 
-async def _then(action, message: str) -> None:
+async def _then(
+    action: Callable[[Any], Awaitable[None]], name: str, done: str, as_json: bool, detail: str = ""
+) -> None:
     await action(await shepherd())
-    console.print(message)
+    if as_json:
+        print_json({"schedule": name, "action": done})
+    else:
+        console.print(f"{done} {name}{detail}", highlight=False)

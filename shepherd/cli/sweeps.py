@@ -44,6 +44,9 @@ def show(status: SweepStatus) -> None:
         )
     if status.model:
         console.print(f"promoted: {status.model}")
+    if status.error:
+        console.print(f"[red]{status.phase}:[/red] ", end="")
+        console.print(status.error, markup=False, highlight=False)
 
 
 async def _follow(handle, as_json: bool) -> SweepStatus:
@@ -75,8 +78,11 @@ def submit(
     """Validate a sweep and start it."""
 
     async def go() -> None:
+        from shepherd.client import load_sweep_spec
+
+        spec = load_sweep_spec(sweep, overrides)  # before connecting: a bad file needs no server
         sh = await shepherd()
-        handle = await sh.submit_sweep(sweep, overrides=overrides)
+        handle = await sh.submit_sweep(spec)
         if as_json and not watch:
             print_json({"workflow_id": handle.id, "ui": ui_link(handle.id)})
         elif not as_json:
@@ -116,11 +122,15 @@ def watch(workflow_id: str, as_json: JsonOption = False) -> None:
 
 
 @app.command()
-def cancel(workflow_id: str) -> None:
-    """Cancel the sweep and every running trial (their trainers are deleted)."""
+def cancel(workflow_id: str, as_json: JsonOption = False) -> None:
+    """Cancel the sweep and every running trial (their trainers are deleted). A sweep that
+    has already ended is left alone, and the command says how it ended (exit 1)."""
 
     async def go() -> None:
         await (await shepherd()).get_sweep(workflow_id).cancel()
-        console.print(f"cancel requested for {workflow_id}")
+        if as_json:
+            print_json({"workflow_id": workflow_id, "cancel_requested": True})
+        else:
+            console.print(f"cancel requested for {workflow_id}")
 
     run(go())

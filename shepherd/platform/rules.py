@@ -11,28 +11,39 @@ from __future__ import annotations
 import re
 from typing import Final
 
+# Every pattern ends in `\Z`, not `$`: `$` also matches before a trailing newline, so
+# "job-1\n" would pass and reach ids, paths and logs.
+
 #: Resource ids chosen by clients (trainer job ids, model ids): 1–63 of a-z, 0-9, '-'.
-RESOURCE_ID_RE: Final = re.compile(r"^[a-z0-9-]{1,63}$")
+RESOURCE_ID_RE: Final = re.compile(r"^[a-z0-9-]{1,63}\Z")
 RESOURCE_ID_RULE: Final = "must be 1-63 characters of a-z, 0-9 and '-'"
 
 #: Checkpoint ids (``save_weights`` names): a little looser, Tinker-style names like ``step_0100``.
-CHECKPOINT_ID_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+CHECKPOINT_ID_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}\Z")
 CHECKPOINT_ID_RULE: Final = (
     "must be 1-63 characters of letters, digits, '.', '_' and '-', starting with a letter or digit"
 )
 
-ACCOUNT_ID_RE: Final = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+ACCOUNT_ID_RE: Final = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}\Z")
 
 SHAPE_REF_RE: Final = re.compile(
     r"^accounts/(?P<account>[a-z0-9][a-z0-9-]{0,62})/trainingShapes/(?P<shape>[a-z0-9][a-z0-9.-]{0,62})"
-    r"(?:/versions/(?P<version>[a-z0-9][a-z0-9.-]{0,62}))?$"
+    r"(?:/versions/(?P<version>[a-z0-9][a-z0-9.-]{0,62}))?\Z"
 )
 SHAPE_REF_RULE: Final = "must be accounts/<account>/trainingShapes/<shape> or accounts/<account>/trainingShapes/<shape>/versions/<version>"
 
-MODEL_NAME_RE: Final = re.compile(r"^accounts/(?P<account>[^/]+)/models/(?P<model>[^/]+)$")
-JOB_NAME_RE: Final = re.compile(r"^accounts/(?P<account>[^/]+)/rlorTrainerJobs/(?P<job>[^/]+)$")
+#: One segment of a resource name: starts with a letter or digit, so never "", "." or "..";
+#: no spaces or control characters. Each owner checks its segment's own rule afterwards.
+_SEGMENT: Final = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
+MODEL_NAME_RE: Final = re.compile(
+    rf"^accounts/(?P<account>{_SEGMENT})/models/(?P<model>{_SEGMENT})\Z"
+)
+JOB_NAME_RE: Final = re.compile(
+    rf"^accounts/(?P<account>{_SEGMENT})/rlorTrainerJobs/(?P<job>{_SEGMENT})\Z"
+)
 CHECKPOINT_NAME_RE: Final = re.compile(
-    r"^accounts/(?P<account>[^/]+)/rlorTrainerJobs/(?P<job>[^/]+)/checkpoints/(?P<checkpoint>[^/]+)$"
+    rf"^accounts/(?P<account>{_SEGMENT})/rlorTrainerJobs/(?P<job>{_SEGMENT})"
+    rf"/checkpoints/(?P<checkpoint>{_SEGMENT})\Z"
 )
 
 MAX_DISPLAY_NAME_LEN: Final = 63  # "display name < 64 chars"
@@ -43,7 +54,7 @@ DEFAULT_INACTIVITY_TIMEOUT_S: Final = 3600
 MAX_CONTEXT_LENGTH: Final = 1 << 20
 
 #: protobuf-JSON Duration: decimal seconds with an ``s`` suffix ("3600s", "1.5s").
-DURATION_RE: Final = re.compile(r"^(?P<seconds>\d+(?:\.\d{1,9})?)s$")
+DURATION_RE: Final = re.compile(r"^(?P<seconds>\d+(?:\.\d{1,9})?)s\Z")
 
 ACCELERATOR_TYPES: Final = frozenset(
     {
@@ -80,8 +91,12 @@ def check_base_model(value: str) -> str | None:
         return "is required"
     if len(value) > MAX_BASE_MODEL_LEN:
         return f"must be at most {MAX_BASE_MODEL_LEN} characters"
+    if not value.isprintable() or any(ch.isspace() for ch in value):
+        return "must be one line without spaces or control characters"
     if value.startswith("accounts/") and not MODEL_NAME_RE.match(value):
         return "must be accounts/<account>/models/<model> when given as a resource name"
+    if any(part in ("", ".", "..") for part in value.split("/")):
+        return "must not have empty, '.' or '..' path segments"
     return None
 
 

@@ -1,0 +1,276 @@
+"""Checks at submission against the live system, made before a workflow starts: the
+workflow id is free, a worker serves the spec's backend, and no live job or sweep claims the
+same output model id.
+
+Model ids. Two live jobs promoting to the same model id would both train to the end and the
+second would fail at promotion, so a job (or a sweep's ``promote_best``) *claims* its model
+id from submission until it ends: the claim is the ``ShepherdOutputModel`` search attribute,
+set when the workflow starts and gone from the query once it closes (continue-as-new keeps
+it). A visibility query alone would let two simultaneous submissions both see no claim, so
+the check and the start happen under a short lock: a workflow whose id is derived from the
+model id, on a task queue no worker polls (it never runs; Temporal's one-running-workflow-
+per-id rule is the mutex, strongly consistent where visibility is not). The lock is held
+until the new workflow shows in the visibility query, so whoever takes it next sees the
+claim; it times out by itself if a submitter dies holding it.
+
+Backends. A worker advertises the backend profiles it knows in its Temporal identity
+(:func:`worker_identity`); a submission asks the task queue's pollers (one cheap RPC). With
+no advertising worker polling — workers down, or older ones — nothing can be said and the
+job is accepted: the workflow then fails before provisioning, naming the backend.
+Training shapes are not checked here: resolving one needs the platform's key, which only
+workers hold; the workflow resolves the shape first of all, before any trainer exists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+from collections.abc import AsyncIterator, Iterable
+from datetime import timedelta
+from typing import Any
+
+from temporalio.api.enums.v1 import TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError, RPCStatusCode
+
+from shepherd import search_attributes as sa
+
+#: No worker polls this queue: claim locks are workflows that never run.
+CLAIM_QUEUE = "shepherd-claims"
+CLAIM_LOCK_TYPE = "ShepherdClaimLock"
+#: A lock normally lives for one submission (well under a second); a dead submitter's
+#: lock expires after this.
+LOCK_TIMEOUT = timedelta(seconds=15)
+#: How long a submission waits for a busy lock (another submission of the same model id).
+LOCK_WAIT = timedelta(seconds=20)
+#: How long the lock is kept while waiting for the new workflow to show in visibility
+#: (milliseconds on SQL visibility, about a second with Elasticsearch).
+VISIBLE_WAIT = timedelta(seconds=10)
+_BACKENDS = " backends="
+
+
+class SubmissionRefused(ValueError):
+    """The spec is valid but cannot start now; ``field`` names what to change."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+def _quote(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+# ---------------------------------------------------------------------- workflow ids
+
+
+async def id_refusal(client: Client, workflow_id: str, *, rerun: bool) -> SubmissionRefused | None:
+    """Why ``workflow_id`` cannot be used now (None: it can)."""
+    try:
+        desc = await client.get_workflow_handle(workflow_id).describe()
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            return None
+        raise
+    if desc.status == WorkflowExecutionStatus.RUNNING:
+        phase = desc.typed_search_attributes.get(sa.PHASE)
+        return SubmissionRefused(
+            "workflow_id",
+            f"{workflow_id!r} is a running job{f' ({phase})' if phase else ''}; "
+            "choose another id, or cancel it first",
+        )
+    if rerun:
+        return None
+    ended = desc.typed_search_attributes.get(sa.PHASE) or (
+        desc.status.name if desc.status else "ENDED"
+    )
+    return SubmissionRefused(
+        "workflow_id",
+        f"{workflow_id!r} already ran (it ended {ended}); choose another id, or ask for a new "
+        "run under the same id explicitly (--rerun; rerun=True in Python)",
+    )
+
+
+def reuse_policy(rerun: bool) -> WorkflowIDReusePolicy:
+    """A used id is refused unless a re-run is asked for (never while a run is live)."""
+    return (
+        WorkflowIDReusePolicy.ALLOW_DUPLICATE if rerun else WorkflowIDReusePolicy.REJECT_DUPLICATE
+    )
+
+
+# -------------------------------------------------------------------------- backends
+
+
+def worker_identity(backends: Iterable[str]) -> str:
+    """A worker's Temporal identity, advertising the backend profiles it can reach."""
+    return f"{os.getpid()}@{socket.gethostname()}{_BACKENDS}{','.join(sorted(backends))}"
+
+
+async def served_backends(client: Client, task_queue: str) -> set[str] | None:
+    """The backends the workers polling ``task_queue`` for activities advertise; None when
+    no poller advertises any (nothing can be said)."""
+    try:
+        answer = await client.workflow_service.describe_task_queue(
+            DescribeTaskQueueRequest(
+                namespace=client.namespace,
+                task_queue=TaskQueue(name=task_queue),
+                task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
+            )
+        )
+    except RPCError as exc:
+        if exc.status in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED):
+            raise
+        return None  # e.g. not permitted to describe queues: not a reason to refuse
+    lists = [p.identity.partition(_BACKENDS)[2] for p in answer.pollers if _BACKENDS in p.identity]
+    if not lists:
+        return None
+    return {name for names in lists for name in names.split(",") if name}
+
+
+async def check_backend(client: Client, task_queue: str, backend: str, field: str) -> None:
+    served = await served_backends(client, task_queue)
+    if served is not None and backend not in served:
+        raise SubmissionRefused(
+            field,
+            f"no worker on task queue {task_queue!r} serves backend {backend!r} "
+            f"(they serve: {', '.join(sorted(served)) or 'none'}); see SHEPHERD_BACKENDS",
+        )
+
+
+# ------------------------------------------------------------------------ model claims
+
+
+def claim_query(model_id: str) -> str:
+    return f'{sa.OUTPUT_MODEL.name} = {_quote(model_id)} AND ExecutionStatus = "Running"'
+
+
+async def claim_holder(client: Client, model_id: str) -> tuple[str, str | None] | None:
+    """The live job or sweep claiming ``model_id`` (workflow id, phase), if any."""
+    try:
+        async for ex in client.list_workflows(claim_query(model_id), limit=10):
+            # Visibility may lag: a run that has just closed can still be listed, or the
+            # next run after a continue-as-new not yet. The workflow's current run is what
+            # counts.
+            desc = await client.get_workflow_handle(ex.id).describe()
+            attrs = desc.typed_search_attributes
+            if (
+                desc.status == WorkflowExecutionStatus.RUNNING
+                and attrs.get(sa.OUTPUT_MODEL) == model_id
+            ):
+                return ex.id, attrs.get(sa.PHASE)
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.INVALID_ARGUMENT:
+            raise ValueError(
+                f"the model-id claim could not be checked ({exc.message}); Shepherd's search "
+                "attributes are missing in this namespace: start a worker once (it registers "
+                "them) or see README, 'Running in production'"
+            ) from None
+        raise
+    return None
+
+
+async def check_unclaimed(client: Client, model_id: str, field: str) -> None:
+    holder = await claim_holder(client, model_id)
+    if holder is not None:
+        workflow_id, phase = holder
+        raise SubmissionRefused(
+            field,
+            f"{model_id!r} is claimed by {workflow_id}{f' ({phase})' if phase else ''}, which "
+            "is still live; choose another model id, or wait until it ends",
+        )
+
+
+async def _lock(client: Client, model_id: str) -> WorkflowHandle[Any, Any]:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + LOCK_WAIT.total_seconds()
+    while True:
+        try:
+            return await client.start_workflow(
+                CLAIM_LOCK_TYPE,
+                id=f"shepherd-claim-{model_id}",
+                task_queue=CLAIM_QUEUE,
+                execution_timeout=LOCK_TIMEOUT,
+                id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+                id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+                static_summary=f"lock: a submission is claiming output model {model_id!r} "
+                "(never runs; released within seconds)",
+            )
+        except WorkflowAlreadyStartedError:
+            if loop.time() > deadline:
+                raise SubmissionRefused(
+                    "model_id",
+                    f"another submission has been claiming {model_id!r} for "
+                    f"{LOCK_WAIT.total_seconds():.0f}s; try again",
+                ) from None
+            await asyncio.sleep(0.1)
+
+
+async def _until_visible(client: Client, model_id: str, workflow_id: str) -> None:
+    # Not filtered on status: a run that has ended already by now needs no claim either.
+    query = f"WorkflowId = {_quote(workflow_id)} AND {sa.OUTPUT_MODEL.name} = {_quote(model_id)}"
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(VISIBLE_WAIT.total_seconds()):
+            while True:  # polling visibility: it has no notification to wait on
+                if (await client.count_workflows(query)).count:
+                    return
+                await asyncio.sleep(0.05)
+
+
+@contextlib.asynccontextmanager
+async def claimed(client: Client, model_id: str | None, field: str) -> AsyncIterator[list[str]]:
+    """Check ``model_id`` is unclaimed and hold the claim lock while the caller starts its
+    workflow; the caller appends the started workflow id to the yielded list. No model id:
+    nothing to claim, nothing locked."""
+    started: list[str] = []
+    if model_id is None:
+        yield started
+        return
+    lock = await _lock(client, model_id)
+    try:
+        await check_unclaimed(client, model_id, field)
+        yield started
+        for workflow_id in started:
+            await _until_visible(client, model_id, workflow_id)
+    finally:
+        with contextlib.suppress(RPCError):
+            await lock.terminate("claim settled")
+
+
+async def start_guarded(
+    client: Client,
+    workflow: str,
+    arg: Any,
+    *,
+    workflow_id: str,
+    task_queue: str,
+    rerun: bool,
+    model_id: str | None,
+    model_field: str,
+    **options: Any,
+) -> WorkflowHandle[Any, Any]:
+    """Start ``workflow`` under ``workflow_id`` (refused if that id is live, or used and no
+    re-run was asked for) claiming ``model_id``."""
+    async with claimed(client, model_id, model_field) as started:
+        try:
+            handle = await client.start_workflow(
+                workflow,
+                arg,
+                id=workflow_id,
+                task_queue=task_queue,
+                id_reuse_policy=reuse_policy(rerun),
+                id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+                **options,
+            )
+        except WorkflowAlreadyStartedError:
+            refusal = await id_refusal(client, workflow_id, rerun=rerun)
+            raise refusal or SubmissionRefused(
+                "workflow_id", f"{workflow_id!r} is taken; choose another id"
+            ) from None
+        started.append(handle.id)
+    return handle
