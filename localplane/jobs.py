@@ -41,6 +41,10 @@ log = structlog.stdlib.get_logger("localplane.jobs")
 TRAINER_START_TIMEOUT_S = 120.0
 #: Grace between SIGTERM and SIGKILL when stopping a trainer.
 STOP_GRACE_S = 3.0
+#: Trainer processes kept started ahead of need (Python and NumPy imported: about a second
+#: on a small machine), so a granted slot serves within milliseconds plus the configured
+#: ``bootDelaySeconds``, which alone models a platform's boot. Filled from the first start.
+WARM_TRAINERS = 2
 
 MSG_PREEMPTED = "trainer preempted: its node was reclaimed (spot preemption); resume the job to get a new trainer"
 MSG_RESTARTED = (
@@ -100,6 +104,8 @@ class JobService:
         self.trainers: dict[tuple[str, str], Trainer] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopping = False
+        self._warm: list[asyncio.subprocess.Process] = []
+        self._warming = 0
 
     # ------------------------------------------------------------ lifecycle
 
@@ -116,6 +122,11 @@ class JobService:
     async def stop(self) -> None:
         """Stop every trainer (the next start marks their jobs FAILED: platform restarted)."""
         self._stopping = True
+        for process in self._warm:
+            process.kill()
+        for process in self._warm:
+            await process.wait()
+        self._warm.clear()
         trainers = list(self.trainers.values())
         for t in trainers:
             if t.process and t.process.returncode is None:
@@ -350,6 +361,55 @@ class JobService:
             keys_file=self._keys_file(rec.account_id),
         )
 
+    async def _exec_trainer(self, argv: list[str]) -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "localplane.trainer",
+            *argv,
+            stdin=asyncio.subprocess.PIPE
+            if argv[0].startswith("--warm")
+            else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            preexec_fn=_set_parent_death_signal,
+            start_new_session=True,  # Ctrl-C on the plane's terminal is the plane's to handle
+        )
+
+    async def _take_warm(self, argv: list[str]) -> asyncio.subprocess.Process | None:
+        """A warm trainer process handed this job's arguments, or None (none is ready)."""
+        taken = None
+        while self._warm and taken is None:
+            process = self._warm.pop(0)
+            if process.returncode is not None or process.stdin is None:
+                continue
+            try:
+                process.stdin.write(json.dumps(argv).encode() + b"\n")
+                await process.stdin.drain()
+                process.stdin.close()
+                taken = process
+            except (BrokenPipeError, ConnectionResetError):
+                process.kill()
+        self._spawn(self._keep_warm())
+        return taken
+
+    async def _keep_warm(self) -> None:
+        while not self._stopping and len(self._warm) + self._warming < WARM_TRAINERS:
+            self._warming += 1
+            try:
+                process = await self._exec_trainer([f"--warm={self.data_dir}"])
+            except OSError as exc:
+                log.warning("trainer.warm_start_failed", error=str(exc))
+                return
+            finally:
+                self._warming -= 1
+            if self._stopping:
+                process.kill()
+                await process.wait()
+                return
+            self._warm.append(process)
+
     async def _run_trainer(self, t: Trainer, rec: JobRecord) -> None:
         """Own one trainer process from spawn to exit."""
         run_dir = self.data_dir / "trainers" / rec.account_id / rec.job_id / f"gen-{t.generation}"
@@ -357,23 +417,14 @@ class JobService:
         config_path = run_dir / "config.json"
         config_path.write_text(self._trainer_config(rec).to_json())
         boot_deadline = asyncio.get_running_loop().time() + self._config().boot_delay_seconds
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        argv = [
+            "--config",
+            str(config_path),
+            # Marks the process as this job's trainer (orphan reaping after a crash).
+            f"--tag={rec.account_id}-{rec.job_id}-{t.generation}",
+        ]
         try:
-            t.process = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "localplane.trainer",
-                "--config",
-                str(config_path),
-                # Marks the process as this job's trainer (orphan reaping after a crash).
-                f"--tag={rec.account_id}-{rec.job_id}-{t.generation}",
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                env=env,
-                preexec_fn=_set_parent_death_signal,
-                start_new_session=True,  # Ctrl-C on the plane's terminal is the plane's to handle
-            )
+            t.process = await self._take_warm(argv) or await self._exec_trainer(argv)
         except OSError as exc:
             self._on_exit(t, -1, f"trainer failed to start: {exc}")
             return

@@ -10,8 +10,11 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = "1"
 
 import argparse  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+import setproctitle  # noqa: E402
 import structlog  # noqa: E402
 
 from localplane.errors import PlaneError  # noqa: E402
@@ -20,12 +23,33 @@ from localplane.trainer.server import serve  # noqa: E402
 from shepherd.logging import configure_logging  # noqa: E402
 
 
+def _await_job() -> list[str] | None:
+    """Warm mode: everything is imported; wait for the plane to hand over a job's arguments
+    (one JSON line on stdin), then look like a trainer started for it (the process list is
+    how a restarted plane finds orphans). None: the plane closed stdin (not needed)."""
+    line = sys.stdin.readline()
+    if not line.strip():
+        return None
+    argv = [str(a) for a in json.loads(line)]
+    setproctitle.setproctitle(" ".join([sys.executable, "-m", "localplane.trainer", *argv]))
+    return argv
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="localplane.trainer")
-    parser.add_argument("--config", required=True, type=Path)
+    parser.add_argument("--config", type=Path)
     # Ignored here; it names the job in the process list so a restarted plane can reap orphans.
     parser.add_argument("--tag", default="")
+    # Started ahead of need (the value marks the plane's data directory): see _await_job.
+    parser.add_argument("--warm", default=None)
     args = parser.parse_args()
+    if args.warm is not None:
+        handed = _await_job()
+        if handed is None:
+            return
+        args = parser.parse_args(handed)
+    if args.config is None:
+        parser.error("--config is required")
     cfg = TrainerConfig.from_json(args.config.read_text())
     configure_logging(json=True)
     structlog.contextvars.bind_contextvars(
