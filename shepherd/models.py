@@ -268,6 +268,9 @@ class ErrorInfo(Model):
     message: str
 
 
+MAX_NOTICES = 10
+
+
 class JobStatus(Model):
     """Everything a user asks about a job: the answer of the ``status`` query."""
 
@@ -302,6 +305,9 @@ class JobStatus(Model):
     paused_checkpoint: str | None = None
     parent_workflow_id: str | None = None
     continued_as_new: int = 0
+    #: Signals the job refused or could not read (newest last, at most ``MAX_NOTICES``):
+    #: a signal has no reply, so this is where a sender learns it was ignored.
+    notices: list[str] = Field(default_factory=list)
 
     @property
     def last_checkpoint(self) -> CheckpointRecord | None:
@@ -315,6 +321,8 @@ class JobStatus(Model):
         if self.eval_value is not None:
             parts.append(f"{self.eval_metric} {self.eval_value:.4f}")
         lines = [" · ".join(parts)]
+        if self.notices:
+            lines.append(f"⚠ {self.notices[-1]}")
         if self.trainer_job_id:
             lines.append(
                 f"trainer `{self.trainer_job_id}` ({(self.platform_state or '?').removeprefix('JOB_STATE_')})"

@@ -20,8 +20,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, NoReturn, TypeVar
 
+from pydantic import BaseModel
 from temporalio import workflow
-from temporalio.common import Priority
+from temporalio.common import Priority, RawValue
 from temporalio.exceptions import (
     ActivityError,
     ApplicationError,
@@ -39,6 +40,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.training import TrainingActivities
     from shepherd import search_attributes as sa
     from shepherd.models import (
+        MAX_NOTICES,
         CarriedFlags,
         CheckpointRecord,
         ChunkResult,
@@ -75,6 +77,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.policies import ActivityPolicy, Policies
 
 T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
 
 _RUNNING = {JobState.RUNNING.value}
 _PLACED = {JobState.CREATING.value, JobState.RUNNING.value}
@@ -110,6 +113,10 @@ class _Terminal(Exception):
 
 class _PauseNow(Exception):
     pass
+
+
+class _BadSignal(Exception):
+    """A signal's input could not be read (already noted in the status)."""
 
 
 def classify(job: PlatformJob | None) -> str:
@@ -1081,18 +1088,50 @@ class TrainingJobWorkflow:
             return "checkpoint: must be accounts/<a>/rlorTrainerJobs/<j>/checkpoints/<c>"
         return None
 
+    def _signal_input(self, name: str, raw: RawValue | None, model: type[M]) -> M | None:
+        """A signal's input, read here rather than by the SDK, which would drop a bad one
+        with only a log line: a bad input becomes a notice in the status and a warning."""
+        if raw is None:
+            return None
+        try:
+            data = workflow.payload_converter().from_payload(raw.payload)
+            return None if data is None else model.model_validate(data)
+        except Exception as exc:  # noqa: BLE001 - any unreadable input is the sender's error
+            detail = str(exc).splitlines()
+            self._notice(f"signal {name} ignored: unreadable input ({' '.join(detail[:3])})")
+            raise _BadSignal() from None
+
+    def _notice(self, text: str) -> None:
+        workflow.logger.warning(text)
+        self.s.notices = [*self.s.notices, text[:300]][-MAX_NOTICES:]
+        self._publish()
+
     @workflow.signal(name="pause")
-    def pause_signal(self, request: PauseRequest | None = None) -> None:
+    # Exactly RawValue (the SDK passes the payload through only then); None: no input.
+    def pause_signal(self, request: RawValue = None) -> None:  # type: ignore[assignment]
         """Pause from the Web UI or ``temporal workflow signal --name pause``."""
-        if self._pause_problem() is None:
-            self._pause_requested = True
+        try:
+            self._signal_input("pause", request, PauseRequest)
+        except _BadSignal:
+            return
+        if problem := self._pause_problem():
+            self._notice(f"signal pause ignored: {problem}")
+            return
+        self._pause_requested = True
 
     @workflow.signal(name="resume")
-    def resume_signal(self, request: ResumeRequest | None = None) -> None:
+    # Exactly RawValue (the SDK passes the payload through only then); None: no input.
+    def resume_signal(self, request: RawValue = None) -> None:  # type: ignore[assignment]
         """Resume from the Web UI or ``temporal workflow signal --name resume``."""
-        if self._resume_problem(request) is None:
-            self._resume_requested = True
-            self._resume_checkpoint = request.checkpoint if request else None
+        try:
+            parsed = self._signal_input("resume", request, ResumeRequest)
+        except _BadSignal:
+            return
+        if problem := self._resume_problem(parsed):
+            self._notice(f"signal resume ignored: {problem}")
+            return
+        self._resume_requested = True
+        self._resume_checkpoint = parsed.checkpoint if parsed else None
 
     @workflow.update(name="request_pause")
     async def request_pause(self, request: PauseRequest) -> PauseResult:

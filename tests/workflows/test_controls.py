@@ -111,3 +111,33 @@ async def test_resume_from_a_named_earlier_checkpoint(stack: Stack) -> None:
     assert result.phase is Phase.COMPLETED and result.step == 40
     steps = [c.step for c in result.checkpoints]
     assert steps == sorted(steps) and steps[-1] == 40
+
+
+async def test_bad_signals_from_the_temporal_cli_are_reported_not_dropped(stack: Stack) -> None:
+    handle = await stack.start(stack.spec("noisy", trainer=SLOW, training={"total_steps": 30}))
+    await stack.until(handle, lambda s: s.phase is Phase.TRAINING)
+    address = stack.client.service_client.config.target_host
+
+    def temporal_signal(name: str, payload: str) -> None:
+        subprocess.run(
+            [binaries.temporal(), "workflow", "signal", "--address", address]
+            + ["--workflow-id", handle.id, "--name", name, "--input", payload],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
+
+    await asyncio.to_thread(temporal_signal, "pause", '"right now please"')
+    await asyncio.to_thread(temporal_signal, "resume", '{"checkpoint": 5}')
+    status = await stack.until(handle, lambda s: len(s.notices) >= 2)
+    assert status.notices[0].startswith("signal pause ignored: unreadable input")
+    assert "signal resume ignored" in status.notices[1]
+    assert status.phase is Phase.TRAINING  # neither did anything
+    await handle.signal("resume")  # well-formed, but the job is not paused
+    status = await stack.until(handle, lambda s: len(s.notices) >= 3)
+    assert status.notices[
+        2
+    ] == f"signal resume ignored: the job is not paused ({status.phase.value})" or (
+        status.notices[2].startswith("signal resume ignored: the job is not paused")
+    )
+    assert (await handle.result()).phase is Phase.COMPLETED
