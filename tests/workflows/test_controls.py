@@ -135,9 +135,5 @@ async def test_bad_signals_from_the_temporal_cli_are_reported_not_dropped(stack:
     assert status.phase is Phase.TRAINING  # neither did anything
     await handle.signal("resume")  # well-formed, but the job is not paused
     status = await stack.until(handle, lambda s: len(s.notices) >= 3)
-    assert status.notices[
-        2
-    ] == f"signal resume ignored: the job is not paused ({status.phase.value})" or (
-        status.notices[2].startswith("signal resume ignored: the job is not paused")
-    )
+    assert status.notices[2].startswith("signal resume ignored: the job is not paused")
     assert (await handle.result()).phase is Phase.COMPLETED
