@@ -83,6 +83,9 @@ _RUNNING = {JobState.RUNNING.value}
 _PLACED = {JobState.CREATING.value, JobState.RUNNING.value}
 _RESUMABLE_OR_RUNNING = {s.value for s in JobState if s.is_resumable()} | _RUNNING
 _DEAD = {s.value for s in JobState if s.is_resumable() or s.is_gone()}
+#: A trainer that died with these codes was refused by the platform (its configuration, its
+#: data): another trainer would die the same way, so the job fails at once, in its words.
+_REFUSED_CODES = {"INVALID_ARGUMENT", "FAILED_PRECONDITION"}
 #: Recoveries caused by the infrastructure, paid from the preemption budget.
 _INFRA_REASONS = {"preemption", "platform_restart", "idle"}
 
@@ -135,6 +138,8 @@ def classify(job: PlatformJob | None) -> str:
         w in message for w in ("preempt", "reclaim", "spot")
     ):
         return "preemption"
+    if job.status_code in _REFUSED_CODES:
+        return "refused"
     return "failure"
 
 
@@ -510,7 +515,8 @@ class TrainingJobWorkflow:
             message=self._event_message,
         )
         kind = policies.TRAINER_GONE if JobState(job.state).is_gone() else policies.TRAINER_LOST
-        return _Lost(kind, job, f"platform event: {job.state}")
+        said = f": {job.message}" if job.message else ""
+        return _Lost(kind, job, f"platform event: {job.state}{said}")
 
     async def _run_chunk(self, first: int, last: int) -> ChunkResult:
         # Reacting to a death event mid-chunk is newer than some running workflows.
@@ -699,6 +705,13 @@ class TrainingJobWorkflow:
         reason = "deleted" if lost.kind == policies.TRAINER_GONE else classify(job)
         if lost.kind not in (policies.TRAINER_LOST, policies.TRAINER_GONE):
             reason = "failure"
+        if reason == "refused" and workflow.patched("refused-trainer-fails-at-once"):
+            raise _Terminal(
+                Phase.FAILED,
+                "TrainerRefused",
+                f"trainer {self.s.trainer_job_id} failed for a reason a new one would meet "
+                f"again: {job.message if job else lost.detail}",
+            )
         if reason == "deleted":
             self._trainer_live = False
             raise _Terminal(

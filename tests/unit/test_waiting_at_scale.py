@@ -1,5 +1,5 @@
 """Pure parts of waiting at scale: trainer ids that name their workflow, the fallback poll
-delays, and worker sizing from the environment."""
+delays, worker sizing from the environment; and why a trainer died, from its platform state."""
 
 from __future__ import annotations
 
@@ -7,10 +7,12 @@ from datetime import timedelta
 
 import pytest
 
+from shepherd.models import PlatformJob
 from shepherd.platform import rules
 from shepherd.trainer_ids import owner_of, trainer_prefix
 from workers.main import WorkerSizing
 from workflows import policies
+from workflows.job import classify
 
 
 @pytest.mark.parametrize("workflow_id", ["job-demo-1a2b3c", "a", "x--y", "job-" + "n" * 44])
@@ -62,3 +64,21 @@ def test_worker_sizing_from_the_environment() -> None:
         WorkerSizing.from_env({"SHEPHERD_WORKER_WAIT_SLOTS": "many"})
     with pytest.raises(SystemExit, match="must be > 0"):
         WorkerSizing.from_env({"SHEPHERD_WORKER_ACTIVITY_SLOTS": "0"})
+
+
+@pytest.mark.parametrize(
+    ("state", "code", "message", "reason"),
+    [
+        ("JOB_STATE_FAILED", "UNAVAILABLE", "node reclaimed", "preemption"),
+        ("JOB_STATE_FAILED", "INTERNAL", "trainer crashed (exit code 1)", "failure"),
+        ("JOB_STATE_FAILED", "INVALID_ARGUMENT", "bad config", "refused"),
+        ("JOB_STATE_FAILED", "FAILED_PRECONDITION", "quota", "refused"),
+        ("JOB_STATE_IDLE", "", "inactive", "idle"),
+        ("JOB_STATE_DELETED", "", "", "deleted"),
+    ],
+)
+def test_why_a_trainer_died_from_the_platforms_words(
+    state: str, code: str, message: str, reason: str
+) -> None:
+    job = PlatformJob(trainer_job_id="t", state=state, status_code=code, message=message)
+    assert classify(job) == reason

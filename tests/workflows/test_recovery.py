@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowFailureError
@@ -136,3 +138,18 @@ async def test_fallback_to_on_demand_after_preemptions(stack: Stack) -> None:
     stats = await stack.admin.stats()
     for trainer in (first.trainer_job_id, result.trainer_job_id):
         assert stats["jobs"][stack.job_name(trainer or "")]["liveTrainer"] is False
+
+
+async def test_a_bad_dataset_fails_once_with_its_own_words(stack: Stack, tmp_path: Path) -> None:
+    # Bad data is deterministic: no trainer restarts, and the job's error says what is wrong.
+    data = tmp_path / "broken.jsonl"
+    data.write_text('{"text": "fine"}\nthis is not json\n{"text": "also fine"}\n')
+    handle = await stack.start(stack.spec("baddata", training={"dataset": str(data)}))
+    with pytest.raises(WorkflowFailureError):
+        await handle.result()
+    status = await stack.status(handle)
+    assert status.phase is Phase.FAILED and status.error is not None
+    assert "line 2: not JSON" in status.error.message
+    assert status.failures == 0 and not status.recoveries
+    job = (await stack.admin.stats())["jobs"][stack.job_name(status.trainer_job_id or "")]
+    assert job["creates"] == 1 and job["trainersStarted"] == 1
