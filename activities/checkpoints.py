@@ -4,6 +4,7 @@ prune to the last K."""
 from __future__ import annotations
 
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from activities.base import (
     ClientProvider,
@@ -13,8 +14,10 @@ from activities.base import (
     previous_details,
     translate,
 )
-from activities.training import training_client
+from activities.training import checkpoint_step, training_client
 from shepherd.models import (
+    CheckCheckpointInput,
+    CheckCheckpointResult,
     CheckpointRecord,
     PruneCheckpointsInput,
     PruneCheckpointsResult,
@@ -34,6 +37,49 @@ SAMPLER_SUFFIX = "-sampler"
 class CheckpointActivities:
     def __init__(self, clients: ClientProvider) -> None:
         self.clients = clients
+
+    @activity.defn(name="check_checkpoint")
+    async def check_checkpoint(self, inp: CheckCheckpointInput) -> CheckCheckpointResult:
+        """Can a trainer of this job start from ``checkpoint``? Asked before anything is
+        provisioned for a resume, a retry or ``resume_from``: it exists, it belongs to the
+        account of the job's backend, and it was trained on the same base model and rank
+        (when its trainer job can still be read)."""
+        client = self.clients.client(inp.backend)
+        m = rules.CHECKPOINT_NAME_RE.match(inp.checkpoint)
+        if not m:
+            return CheckCheckpointResult(
+                problem="checkpoint: must be accounts/<a>/rlorTrainerJobs/<j>/checkpoints/<c>"
+            )
+        try:
+            account = await client.account_id()
+            if m["account"] != account:
+                return CheckCheckpointResult(
+                    problem=f"checkpoint {inp.checkpoint} belongs to account {m['account']}, "
+                    f"not to this job's ({account})"
+                )
+            step = await checkpoint_step(client, inp.checkpoint)
+            try:
+                source = (await client.get_job(m["job"])).training_config
+            except NotFound:
+                source = None  # its trainer job is gone; its checkpoints stay loadable
+        except ApplicationError as err:
+            if err.non_retryable:
+                return CheckCheckpointResult(problem=err.message)
+            raise
+        except PlatformError as exc:
+            raise translate(exc, f"checking checkpoint {inp.checkpoint}") from None
+        if source is not None:
+            if source.base_model and source.base_model != inp.base_model:
+                return CheckCheckpointResult(
+                    problem=f"checkpoint {m['checkpoint']} was trained from {source.base_model}; "
+                    f"this job's trainer.base_model is {inp.base_model}"
+                )
+            if (source.lora_rank or 0) != inp.lora_rank:
+                return CheckCheckpointResult(
+                    problem=f"checkpoint {m['checkpoint']} has LoRA rank {source.lora_rank or 0}; "
+                    f"this job's trainer.lora_rank is {inp.lora_rank}"
+                )
+        return CheckCheckpointResult(step=step)
 
     @activity.defn(name="save_checkpoint")
     async def save_checkpoint(self, inp: SaveCheckpointInput) -> SaveCheckpointResult:

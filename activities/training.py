@@ -93,7 +93,7 @@ def _resolve_loop(name: str) -> loops.Loop:
         raise ApplicationError(str(exc), type=policies.LOOP_ERROR, non_retryable=True) from None
 
 
-async def _checkpoint_step(client: PlatformClient, checkpoint: str) -> int:
+async def checkpoint_step(client: PlatformClient, checkpoint: str) -> int:
     """The step a checkpoint was saved at, from the control plane's listing."""
     m = rules.CHECKPOINT_NAME_RE.match(checkpoint)
     if not m:
@@ -128,7 +128,7 @@ class TrainingActivities:
         client = self.clients.client(inp.backend)
         trainer = await client.trainer(inp.trainer_job_id)
         races = int(previous_details().get("route_races", 0))
-        step = await _checkpoint_step(client, inp.checkpoint) if inp.checkpoint else 0
+        step = await checkpoint_step(client, inp.checkpoint) if inp.checkpoint else 0
         progress = {"route_races": races}
         # Runs beside the warm-up probes, so the route may not be everywhere yet: a verified
         # route 404 sends the same request again (it never reached the trainer).

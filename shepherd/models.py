@@ -97,6 +97,21 @@ class OpenModelInput(Model):
     call_timeout_s: float
 
 
+class CheckCheckpointInput(Model):
+    backend: str
+    checkpoint: str
+    #: What the job's trainer will be: a checkpoint of another base model or LoRA rank
+    #: cannot be loaded into it.
+    base_model: str
+    lora_rank: int
+
+
+class CheckCheckpointResult(Model):
+    #: Why this checkpoint cannot be resumed from (None: it can).
+    problem: str | None = None
+    step: int = 0
+
+
 class OpenModelResult(Model):
     session: TrainerSession
     #: The step the model is at: the checkpoint's, or 0 for a fresh model.

@@ -42,6 +42,7 @@ with workflow.unsafe.imports_passed_through():
     from shepherd.models import (
         MAX_NOTICES,
         CarriedFlags,
+        CheckCheckpointInput,
         CheckpointRecord,
         ChunkResult,
         CreateTrainerInput,
@@ -188,6 +189,8 @@ class TrainingJobWorkflow:
         self._pause_requested = False
         self._resume_requested = False
         self._resume_checkpoint: str | None = None
+        #: The resume update already checked its checkpoint.
+        self._resume_checked = False
         self._phase_since = workflow.now()
         self._published_phase: Phase | None = None
         self._queue = self.spec.scheduling.queue
@@ -287,6 +290,11 @@ class TrainingJobWorkflow:
                 self._shape_version = shape.version
             if self.spec.training.resume_from and not self.s.checkpoints:
                 self._to_load = self.spec.training.resume_from
+                checks = workflow.patched("check-checkpoint-before-provisioning")
+                if checks and (problem := await self._checkpoint_problem(self._to_load)):
+                    raise _Terminal(
+                        Phase.FAILED, "InvalidCheckpoint", f"training.resume_from: {problem}"
+                    )
             if self.spec.output.promote != "none" and workflow.patched(
                 "check-model-before-provisioning"
             ):
@@ -809,11 +817,21 @@ class TrainingJobWorkflow:
         await self._delete_trainer()  # no GPU is held while paused
         self._pause_requested = False
         self._set_phase(Phase.PAUSED)
-        await workflow.wait_condition(lambda: self._resume_requested)
-        self._resume_requested = False
-        if self._resume_checkpoint:
-            self._to_load = self._resume_checkpoint
-            self._resume_checkpoint = None
+        checks = workflow.patched("check-resume-checkpoint")
+        while True:
+            await workflow.wait_condition(lambda: self._resume_requested)
+            chosen, self._resume_checkpoint = self._resume_checkpoint, None
+            # A resume by signal has no answer: a bad checkpoint keeps the job PAUSED and
+            # says why in its status (the resume update answered already, when it checked).
+            unchecked = chosen and checks and not self._resume_checked
+            if unchecked and (problem := await self._checkpoint_problem(chosen or "")):
+                self._resume_requested = False
+                self._notice(f"resume refused: {problem}")
+                continue
+            self._resume_requested = self._resume_checked = False
+            if chosen:
+                self._to_load = chosen
+            return
 
     # ====================================================== the finish
 
@@ -855,6 +873,22 @@ class TrainingJobWorkflow:
             )
         self.s.model = model
         self._upsert([sa.MODEL.value_set(model.name)])
+
+    async def _checkpoint_problem(self, checkpoint: str) -> str | None:
+        """Why a trainer of this job cannot start from ``checkpoint`` (None: it can)."""
+        t = self.spec.trainer
+        checked = await self._act(
+            CheckpointActivities.check_checkpoint,
+            CheckCheckpointInput(
+                backend=self.spec.backend,
+                checkpoint=checkpoint,
+                base_model=t.base_model,
+                lora_rank=t.lora_rank,
+            ),
+            self.pol.lookup,
+            f"check checkpoint {checkpoint.rsplit('/', 1)[-1]}",
+        )
+        return checked.problem
 
     async def _check_model_free(self) -> None:
         """A taken output model id fails the job before any GPU is spent on it."""
@@ -1163,6 +1197,13 @@ class TrainingJobWorkflow:
     @workflow.update(name="request_resume")
     async def request_resume(self, request: ResumeRequest) -> JobStatus:
         """Provision a new trainer and continue (from ``checkpoint`` when given)."""
+        if request.checkpoint and workflow.patched("check-resume-checkpoint"):
+            # Before anything is provisioned; refused, the job stays PAUSED.
+            if problem := await self._checkpoint_problem(request.checkpoint):
+                raise ApplicationError(
+                    f"resume refused: {problem}", type="InvalidCheckpoint", non_retryable=True
+                )
+            self._resume_checked = True
         self._resume_requested = True
         self._resume_checkpoint = request.checkpoint
         await workflow.wait_condition(

@@ -7,7 +7,7 @@ import asyncio
 import subprocess
 
 import pytest
-from temporalio.client import WorkflowUpdateFailedError
+from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 
 from shepherd import binaries
 from shepherd.models import JobStatus, PauseRequest, PauseResult, ResumeRequest
@@ -137,3 +137,46 @@ async def test_bad_signals_from_the_temporal_cli_are_reported_not_dropped(stack:
     status = await stack.until(handle, lambda s: len(s.notices) >= 3)
     assert status.notices[2].startswith("signal resume ignored: the job is not paused")
     assert (await handle.result()).phase is Phase.COMPLETED
+
+
+async def test_a_bad_resume_checkpoint_is_refused_before_provisioning(stack: Stack) -> None:
+    # A finished rank-4 job gives a real checkpoint the paused job cannot load.
+    other = await stack.start(
+        stack.spec("rank4", trainer={**SLOW, "lora_rank": 4}, training={"total_steps": 10})
+    )
+    foreign = (await other.result()).checkpoints[-1].name
+    handle = await stack.start(stack.spec("picky", trainer=SLOW, training={"total_steps": 30}))
+    await stack.until(handle, lambda s: s.step >= 10 and s.phase is Phase.TRAINING)
+    await handle.execute_update("request_pause", PauseRequest(), result_type=PauseResult)
+    creates = (await stack.admin.stats())["creates"]
+
+    bad = {
+        foreign.replace(f"accounts/{stack.account.id}/", "accounts/someone-else/"): "belongs to",
+        foreign: "LoRA rank 4",
+        foreign.rsplit("/", 1)[0] + "/no-such-step": "does not exist",
+    }
+    for checkpoint, why in bad.items():
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await handle.execute_update(
+                "request_resume", ResumeRequest(checkpoint=checkpoint), result_type=JobStatus
+            )
+        assert why in str(refused.value.cause), checkpoint
+    # The same by signal (no answer): noticed in the status, still paused.
+    await handle.signal("resume", ResumeRequest(checkpoint=foreign))
+    status = await stack.until(handle, lambda s: any("resume refused" in n for n in s.notices))
+    assert status.phase is Phase.PAUSED and "LoRA rank 4" in status.notices[-1]
+    assert (await stack.admin.stats())["creates"] == creates  # nothing was provisioned
+
+    await handle.execute_update("request_resume", ResumeRequest(), result_type=JobStatus)
+    assert (await handle.result()).phase is Phase.COMPLETED
+
+
+async def test_a_bad_resume_from_fails_before_any_trainer(stack: Stack) -> None:
+    missing = f"accounts/{stack.account.id}/rlorTrainerJobs/gone/checkpoints/step-1"
+    handle = await stack.start(stack.spec("orphan", training={"resume_from": missing}))
+    with pytest.raises(WorkflowFailureError) as failed:
+        await handle.result()
+    assert failed.value.cause.type == "InvalidCheckpoint"  # type: ignore[attr-defined]
+    assert "training.resume_from" in str(failed.value.cause)
+    status = await stack.status(handle)
+    assert status.trainer_job_id is None and status.phase is Phase.FAILED
