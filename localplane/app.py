@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
+import httpx
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
@@ -42,6 +43,8 @@ from shepherd.states import JobState
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 1000
 SSE_PING_S = 10
+#: SQLite's largest integer: no offset or event id the plane issues is larger.
+MAX_SQL_INT = 2**63 - 1
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -53,8 +56,29 @@ async def json_body(request: Request) -> Any:
         return {}
     try:
         return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise InvalidArgument("request body is not valid JSON") from None
+    except json.JSONDecodeError as exc:
+        raise InvalidArgument(f"request body is not valid JSON: {exc}") from None
+    except UnicodeDecodeError:
+        raise InvalidArgument("request body is not valid JSON: it is not UTF-8 text") from None
+    except RecursionError:
+        raise InvalidArgument("request body: JSON nested too deeply") from None
+    except ValueError:  # an integer longer than Python converts (sys.get_int_max_str_digits)
+        raise InvalidArgument("request body: a JSON number has too many digits") from None
+
+
+async def json_object(request: Request) -> dict[str, Any]:
+    body = await json_body(request)
+    if not isinstance(body, dict):
+        raise InvalidArgument("request body must be a JSON object")
+    return body
+
+
+def optional_str(body: dict[str, Any], name: str) -> str | None:
+    """``body[name]`` when it is a string; None when absent or null; else a 400 naming it."""
+    value = body.get(name)
+    if value is not None and not isinstance(value, str):
+        raise InvalidArgument(f"{name}: must be a string")
+    return value
 
 
 def _page_size(request: Request) -> int:
@@ -76,11 +100,21 @@ def _offset(request: Request) -> int:
         return 0
     try:
         offset = json.loads(base64.urlsafe_b64decode(token.encode() + b"==="))["o"]
-        if not isinstance(offset, int) or offset < 0:
+        if type(offset) is not int or not 0 <= offset <= MAX_SQL_INT:
             raise ValueError
         return offset
-    except (ValueError, KeyError, TypeError, json.JSONDecodeError):
+    # ValueError covers bad base64, non-UTF-8, non-JSON and over-long numbers.
+    except (ValueError, KeyError, TypeError, RecursionError):
         raise InvalidArgument("pageToken: not a token this server issued") from None
+
+
+def _http_url(url: str) -> bool:
+    # Parsed as the delivery will parse it, so a URL that cannot be sent is refused here.
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL:
+        return False
+    return parsed.scheme in ("http", "https") and bool(parsed.host)
 
 
 def _token(offset: int) -> str:
@@ -202,7 +236,7 @@ def create_app(plane: Plane) -> FastAPI:
     @v1.post("/accounts/{a}/rlorTrainerJobs")
     async def create_job(request: Request, a: str = Depends(account_access)) -> dict[str, Any]:
         query = dict(request.query_params)
-        valid = validate_create(query, await json_body(request), plane.data_dir)
+        valid = validate_create(query, await json_body(request), a)
         return plane.jobs.create(a, valid, query.get("trainingShape"))
 
     @v1.get("/accounts/{a}/rlorTrainerJobs")
@@ -221,9 +255,11 @@ def create_app(plane: Plane) -> FastAPI:
         raw = request.headers.get("last-event-id") or request.query_params.get("since")
         try:
             after = plane.storage.last_event_seq() if raw is None else int(raw)
+            if not 0 <= after <= MAX_SQL_INT:
+                raise ValueError
         except ValueError:
             raise InvalidArgument(
-                f"Last-Event-ID: {raw!r} must be an event id (an integer)"
+                f"Last-Event-ID: {raw!r} must be an event id (an integer >= 0)"
             ) from None
         job = request.query_params.get("rlorTrainerJobId") or None
 
@@ -349,9 +385,7 @@ def create_app(plane: Plane) -> FastAPI:
 
     @admin.post("/faults")
     async def set_faults(request: Request) -> dict[str, Any]:
-        body = await json_body(request)
-        if not isinstance(body, dict):
-            raise InvalidArgument("request body must be a JSON object")
+        body = await json_object(request)
         try:
             return plane.set_config(body).wire()
         except ValidationError as exc:
@@ -382,7 +416,8 @@ def create_app(plane: Plane) -> FastAPI:
         state = JobState(body["state"])
         if state is JobState.UNSPECIFIED:
             raise InvalidArgument(f"state: {body['state']!r} is not a job state")
-        return plane.jobs.stop_as(_admin_job(j, request), state, str(body.get("message") or ""))
+        message = optional_str(body, "message") or ""
+        return plane.jobs.stop_as(_admin_job(j, request), state, message)
 
     @admin.get("/rlorTrainerJobs/{j}")
     async def job_internals(j: str, request: Request) -> dict[str, Any]:
@@ -404,10 +439,9 @@ def create_app(plane: Plane) -> FastAPI:
 
     @admin.post("/accounts")
     async def create_account(request: Request) -> dict[str, Any]:
-        body = await json_body(request)
-        body = body if isinstance(body, dict) else {}
+        body = await json_object(request)
         account_id, key = plane.create_account(
-            body.get("accountId"), str(body.get("keyStyle") or "tinker")
+            optional_str(body, "accountId"), optional_str(body, "keyStyle") or "tinker"
         )
         return {"account": {"name": f"accounts/{account_id}"}, "apiKey": key}
 
@@ -415,8 +449,7 @@ def create_app(plane: Plane) -> FastAPI:
     async def create_key(a: str, request: Request) -> dict[str, Any]:
         # keyStyle "tinker" (default): tml-…, accepted by both SDKs; "fireworks": fw_…, for
         # FiretitanServiceClient, which turns into a plain Tinker client on a tml- key.
-        body = await json_body(request)
-        style = str((body.get("keyStyle") if isinstance(body, dict) else None) or "tinker")
+        style = optional_str(await json_object(request), "keyStyle") or "tinker"
         if not plane.storage.account_exists(a):
             raise NotFound(f"account {a} not found")
         return {"apiKey": plane.add_key(a, style)}
@@ -437,16 +470,14 @@ def create_app(plane: Plane) -> FastAPI:
 
     @admin.post("/webhooks")
     async def add_webhook(request: Request) -> dict[str, Any]:
-        body = await json_body(request)
-        if not isinstance(body, dict):
-            raise InvalidArgument("request body must be a JSON object")
+        body = await json_object(request)
         url, secret = body.get("url"), body.get("secret")
-        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            raise InvalidArgument("url: must be an http(s) URL")
+        if not isinstance(url, str) or not _http_url(url):
+            raise InvalidArgument("url: must be an http(s) URL with a host")
         if not isinstance(secret, str) or len(secret) < 16:
             raise InvalidArgument("secret: must be a string of at least 16 characters")
-        account = body.get("accountId")
-        if account is not None and not plane.storage.account_exists(str(account)):
+        account = optional_str(body, "accountId")
+        if account is not None and not plane.storage.account_exists(account):
             raise InvalidArgument(f"accountId: account {account} does not exist")
         hook_id = f"wh-{secrets.token_hex(4)}"
         plane.events.add_webhook(hook_id, account, url, secret, datetime.now(UTC).isoformat())

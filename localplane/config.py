@@ -59,9 +59,14 @@ class Outage(_Camel):
         return self.start <= now < self.end
 
 
+#: The longest outage, and the furthest start, a request may ask for: a year is more than any
+#: test wants, and bounded values keep the window within what ``datetime`` can represent.
+MAX_OUTAGE_S = 366 * 24 * 3600.0
+
+
 class OutageRequest(_Camel):
-    start_in_seconds: float = Field(default=0.0, ge=0)
-    duration_seconds: float = Field(gt=0)
+    start_in_seconds: float = Field(default=0.0, ge=0, le=MAX_OUTAGE_S)
+    duration_seconds: float = Field(gt=0, le=MAX_OUTAGE_S)
 
     def window(self) -> Outage:
         start = datetime.now(UTC) + timedelta(seconds=self.start_in_seconds)

@@ -291,6 +291,9 @@ class JobService:
             )
         self._count("preemptions", rec)
         trainer.intent = "preempt"
+        # The node is gone: from now on the route answers 404, as a dead trainer's does, not a
+        # connection reset while the process is still being torn down.
+        self.gateway.remove_route(rec.account_id, rec.job_id)
         if trainer.process and trainer.process.returncode is None:
             trainer.process.kill()  # a spot reclaim gives no grace period
         return self.payload(rec)

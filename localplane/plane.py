@@ -46,6 +46,7 @@ def _check_key_style(style: str) -> None:
 
 def _read_or_create_secret(path: Path, prefix: str) -> str:
     if path.exists():
+        path.chmod(0o600)  # a key file copied or made by hand is still the owner's only
         return path.read_text().strip()
     key = f"{prefix}_{secrets.token_urlsafe(24)}"
     path.touch(mode=0o600)

@@ -51,6 +51,12 @@ class PlaneProcess:
         self.url = ""
 
     def start(self) -> Self:
+        """Spawn the plane and wait until it serves; stopped again if that fails."""
+        self.spawn()
+        return self.wait_ready()
+
+    def spawn(self) -> Self:
+        """Start the process without waiting for it (see :meth:`wait_ready`)."""
         ready = self.data_dir / "ready.json"
         ready.unlink(missing_ok=True)
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -74,16 +80,26 @@ class PlaneProcess:
             self.proc = subprocess.Popen(
                 cmd, stdout=log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL
             )
+        return self
+
+    def wait_ready(self) -> Self:
+        """Wait until the spawned plane serves; on any failure or interruption (Ctrl-C,
+        a stop signal) the process is stopped before the error propagates."""
+        assert self.proc is not None, "spawn() first"
+        ready = self.data_dir / "ready.json"
         deadline = time.monotonic() + READY_TIMEOUT_S
-        while not ready.exists():
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"localplane exited with {self.proc.returncode}; see {self.log_path}"
-                )
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"localplane did not become ready; see {self.log_path}")
-            time.sleep(0.02)
+        try:
+            while not ready.exists():
+                if self.proc.poll() is not None:
+                    raise RuntimeError(
+                        f"localplane exited with {self.proc.returncode}; see {self.log_path}"
+                    )
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"localplane did not become ready; see {self.log_path}")
+                time.sleep(0.02)
+        except BaseException:
+            self.stop()
+            raise
         info = json.loads(ready.read_text())
         self.url = info["url"]
         self.api_key = self.api_key or (self.data_dir / API_KEY_FILE).read_text().strip()

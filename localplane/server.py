@@ -38,11 +38,15 @@ def serve(settings: PlaneSettings, *, announce: bool = True) -> None:
         if announce:
             print(f"localplane serving at {url}  (account: {settings.account_id})", file=sys.stdout)  # noqa: T201 - for the person who started it
             if settings.api_key is None:
-                # Printed for the developer's convenience, never logged.
-                print(  # noqa: T201
-                    f"dev API key: {plane.api_key}  (also in {plane.data_dir / API_KEY_FILE})",
-                    file=sys.stdout,
+                # Shown to the person who started the plane, on their terminal; stdout that
+                # goes to a file (a log) gets only where the key is.
+                key_file = plane.data_dir / API_KEY_FILE
+                shown = (
+                    f"{plane.api_key}  (also in {key_file})"
+                    if sys.stdout.isatty()
+                    else f"in {key_file}"
                 )
+                print(f"dev API key: {shown}", file=sys.stdout)  # noqa: T201
             sys.stdout.flush()
 
     config = uvicorn.Config(

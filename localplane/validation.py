@@ -5,30 +5,45 @@ at once, so a user fixes a request in one round trip."""
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 from localplane import catalog
-from localplane.errors import FailedPrecondition, InvalidArgument, describe_validation_error
+from localplane.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    PermissionDenied,
+    describe_validation_error,
+)
 from shepherd.platform import rules
 
 DEFAULT_LEARNING_RATE = 1e-3
 DEFAULT_MAX_CONTEXT = 8192
 
-#: extraArgs localplane understands (the hosted platform passes them to the trainer image);
-#: others are ignored, as an image ignores flags it does not know.
-KNOWN_EXTRA_ARGS = {
-    "--seed": int,
-    "--compute-delay-ms": float,
+#: extraArgs localplane understands (the hosted platform passes them to the trainer image),
+#: with the largest value each may take; others are ignored, as an image ignores flags it
+#: does not know.
+KNOWN_EXTRA_ARGS: dict[str, tuple[type[int] | type[float], float]] = {
+    "--seed": (int, 2**63 - 1),
+    "--compute-delay-ms": (float, 600_000.0),  # PlaneConfig.compute_delay_ms's bound
     # How long retrieve_future holds a pending future, and how long a later seq_id waits
     # for a missing one: tests shorten them to see try_again and gap failures quickly.
-    "--retrieve-hold-seconds": float,
-    "--seq-gap-timeout-seconds": float,
+    "--retrieve-hold-seconds": (float, 3600.0),
+    "--seq-gap-timeout-seconds": (float, 3600.0),
 }
+
+#: A dataset as the hosted platform names one. localplane's trainers read no dataset (clients
+#: send tokens), so the plane keeps the name and never resolves it: a path or URL is refused
+#: rather than accepted as if something would read it, and no answer depends on the host.
+DATASET_NAME_RE = re.compile(r"accounts/(?P<account>[^/]+)/datasets/(?P<dataset>[^/]+)")
+DATASET_RULE = (
+    "must be empty or a dataset of this account, accounts/<account>/datasets/<dataset>; "
+    "localplane reads no dataset files or URLs (clients send tokens)"
+)
 
 
 class _In(BaseModel):
@@ -75,23 +90,39 @@ def _parse_extra_args(args: list[str], problems: list[str]) -> dict[str, Any]:
         key, _, value = arg.partition("=")
         if key not in KNOWN_EXTRA_ARGS:
             continue
-        kind = KNOWN_EXTRA_ARGS[key]
+        kind, limit = KNOWN_EXTRA_ARGS[key]
         try:
             parsed = kind(value)
         except ValueError:
             noun = "an integer" if kind is int else "a number"
             problems.append(f"trainingConfig.extraArgs[{i}]: {key} needs {noun} value, as {key}=N")
             continue
-        if parsed < 0:
-            problems.append(f"trainingConfig.extraArgs[{i}]: {key} must be positive")
+        if not 0 <= parsed <= limit:  # also refuses nan and inf
+            bound = limit if kind is int else f"{limit:g}"
+            problems.append(f"trainingConfig.extraArgs[{i}]: {key} must be in [0, {bound}]")
             continue
         options[key.removeprefix("--").replace("-", "_")] = parsed
     return options
 
 
-def validate_create(query: dict[str, str], body: Any, data_dir: Path) -> ValidCreate:
-    """The normalized spec of a valid create request, or an InvalidArgument naming every
-    problem (FailedPrecondition for a shape version that is not validated)."""
+def _check_dataset(dataset: str, account: str) -> str | None:
+    if not dataset:
+        return None
+    m = DATASET_NAME_RE.fullmatch(dataset)
+    if m is None or rules.check_resource_id(m["dataset"]):
+        return DATASET_RULE
+    if m["account"] != account:
+        # Whether that account or dataset exists is not the caller's business.
+        raise PermissionDenied(
+            f"dataset: {dataset} belongs to another account; use a dataset of account {account}"
+        )
+    return None
+
+
+def validate_create(query: dict[str, str], body: Any, account: str) -> ValidCreate:
+    """The normalized spec of a valid create request in ``account``, or an InvalidArgument
+    naming every problem (FailedPrecondition for a shape version that is not validated,
+    PermissionDenied for another account's dataset)."""
     if not isinstance(body, dict):
         raise InvalidArgument("request body must be a JSON object")
     problems: list[str] = []
@@ -164,6 +195,8 @@ def validate_create(query: dict[str, str], body: Any, data_dir: Path) -> ValidCr
         problems.append("trainerReplicaCount: must be in [1, 8]")
     if req.hot_load_deployment_id and (p := rules.check_resource_id(req.hot_load_deployment_id)):
         problems.append(f"hotLoadDeploymentId: {p}")
+    if p := _check_dataset(req.dataset, account):
+        problems.append(f"dataset: {p}")
 
     if shape_ref is not None:
         # On the shape path the shape decides the hardware; sending it is a conflict.
@@ -229,7 +262,7 @@ def validate_create(query: dict[str, str], body: Any, data_dir: Path) -> ValidCr
         "displayName": req.display_name or "",
         "serviceMode": True,
         "keepAlive": req.keep_alive,
-        # Accepted and kept as sent; trainers load no datasets (clients send tokens).
+        # Kept as a name only; trainers load no datasets (clients send tokens).
         "dataset": req.dataset,
         "trainingConfig": training_config,
         "nodeCount": node_count,

@@ -6,18 +6,21 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
+import pytest
 
 from shepherd.jobs import start_job
 from shepherd.phases import Phase
 from shepherd.spec import validate_spec
 from shepherd.temporal import TemporalSettings, connect
 from tests.helpers import trainer_pids
-from workers.devstack import free_port, wait_until
+from workers.devstack import free_port, http_ok, tcp_open, wait_until
 
 
 def _alive(pid: int) -> bool:
@@ -28,6 +31,26 @@ def _alive(pid: int) -> bool:
     # A zombie is dead for our purpose (its parent has not reaped it yet).
     status = Path(f"/proc/{pid}/status")
     return status.exists() and "State:\tZ" not in status.read_text()
+
+
+def assert_keys_kept_secret(state: Path, output: str) -> None:
+    """The plane's keys are in their 0600 files and nowhere else: no log, database or ready
+    file under the stack's directory, and not in the captured output (not a terminal)."""
+    key_files = [state / "plane" / "dev-api-key", state / "plane" / "admin-api-key"]
+    keys = []
+    for path in key_files:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        assert mode == 0o600, f"{path} has mode {mode:o}"
+        keys.append(path.read_text().strip())
+    assert all(keys)
+    checked = 0
+    for path in state.rglob("*"):
+        if path.is_file() and path not in key_files:
+            data = path.read_bytes()
+            checked += 1
+            assert not any(key.encode() in data for key in keys), f"an API key is in {path}"
+    assert (state / "logs" / "plane.log").is_file() and checked > 3
+    assert not any(key in output for key in keys), "an API key was printed to a non-terminal"
 
 
 async def test_dev_brings_everything_up_runs_a_job_and_stops_cleanly(tmp_path: Path) -> None:
@@ -81,6 +104,8 @@ async def test_dev_brings_everything_up_runs_a_job_and_stops_cleanly(tmp_path: P
     assert b"stopped." in out
     assert not any(_alive(pid) for pid in info["pids"].values())
     assert trainer_pids(state / "plane") == []
+    assert_keys_kept_secret(state, out.decode())
+    assert str(state / "plane" / "dev-api-key") in out.decode()  # where the key is, instead
 
 
 def test_demo_succeeds(tmp_path: Path) -> None:
@@ -94,3 +119,94 @@ def test_demo_succeeds(tmp_path: Path) -> None:
     assert "COMPLETED" in done.stdout and "demo succeeded" in done.stdout
     assert "recovery 1: preemption" in done.stdout
     assert "trainers still running on the plane: 0" in done.stdout
+    assert_keys_kept_secret(tmp_path / "demo", done.stdout + done.stderr)
+
+
+# --------------------------------------------------------- stopped during start-up
+
+
+def _survivors(marker: Path) -> dict[int, str]:
+    """Live processes whose command line names ``marker`` (the test's own temp dir): the
+    Temporal server, localplane, its trainers and the worker all carry it in theirs."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue  # gone meanwhile
+        if str(marker) in cmdline and _alive(int(entry.name)):
+            found[int(entry.name)] = cmdline
+    return found
+
+
+def _exists(path: Path) -> Any:
+    return path.exists
+
+
+def _trainer_running(marker: Path) -> Any:
+    return lambda: any("localplane.trainer" in c for c in _survivors(marker).values())
+
+
+def _stop_at(moment: Any, command: list[str], tmp_path: Path) -> tuple[int, str]:
+    """Start ``command``, SIGTERM it once ``moment`` is true, and check that nothing it
+    started outlives it; returns its exit code and output."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "shepherd.cli.main", *command],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        if moment is not None:
+            wait_until(moment, "the start-up moment", timeout=120, proc=proc)
+        proc.send_signal(signal.SIGTERM)
+        out = proc.communicate(timeout=90)[0].decode()
+        left = _survivors(tmp_path)
+        assert left == {}, f"left running after SIGTERM: {left}\n{out}"
+        return proc.returncode, out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in _survivors(tmp_path):  # what the failing code left: not the next test's
+            os.kill(pid, signal.SIGKILL)
+
+
+#: Moments of ``shepherd dev``'s start-up, each a check on its state dir and ports.
+DEV_MOMENTS = {
+    "at-once": None,  # before the command has even installed its handlers
+    "temporal-spawned": lambda state, ports: _exists(state / "logs" / "temporal.log"),
+    "temporal-serving": lambda state, ports: lambda: tcp_open("127.0.0.1", int(ports[0])),
+    # The Web UI answers just before the search attributes are registered (asyncio).
+    "ui-serving": lambda state, ports: lambda: http_ok(f"http://127.0.0.1:{ports[1]}"),
+    "plane-spawned": lambda state, ports: _exists(state / "logs" / "plane.log"),
+    "worker-spawned": lambda state, ports: _exists(state / "logs" / "worker.log"),
+}
+
+
+@pytest.mark.parametrize("moment", DEV_MOMENTS)
+def test_dev_stopped_during_start_up_leaves_nothing_behind(moment: str, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    ports = [str(free_port()) for _ in range(3)]
+    command = ["dev", "--temporal-port", ports[0], "--ui-port", ports[1], "--plane-port", ports[2]]
+    check = DEV_MOMENTS[moment]
+    code, out = _stop_at(
+        check and check(state, ports), [*command, "--state-dir", str(state)], tmp_path
+    )
+    if check is not None:  # once its handlers are in, a stop is a clean one
+        assert code == 0 and "stopped." in out, out
+
+
+DEMO_MOMENTS = {
+    "plane-spawned": lambda state: _exists(state / "logs" / "plane.log"),
+    "trainer-running": lambda state: _trainer_running(state),
+}
+
+
+@pytest.mark.parametrize("moment", DEMO_MOMENTS)
+def test_demo_stopped_midway_leaves_nothing_behind(moment: str, tmp_path: Path) -> None:
+    state = tmp_path / "demo"
+    code, out = _stop_at(DEMO_MOMENTS[moment](state), ["demo", "--state-dir", str(state)], tmp_path)
+    assert code == 1 and "demo failed" in out, out

@@ -24,7 +24,7 @@ from shepherd.models import JobStatus
 from shepherd.phases import Phase
 from shepherd.spec import load_spec
 from shepherd.temporal import TemporalSettings, connect
-from workers.devstack import DevStack, free_port, run_until_signalled
+from workers.devstack import SIGNALS, DevStack, Stopping, free_port, run_until_signalled
 
 QUICKSTART = Path(__file__).resolve().parent.parent / "examples" / "quickstart.yaml"
 
@@ -128,6 +128,8 @@ async def _run(stack: DevStack, console: Console, spec_path: Path) -> bool:
 
 
 def main(state_dir: Path | None = None, keep: bool = False, spec_path: Path = QUICKSTART) -> int:
+    # Before anything starts: stopped at any moment, the demo stops what it had started.
+    SIGNALS.install()
     console = Console(soft_wrap=True)
     tmp = None if state_dir else tempfile.TemporaryDirectory(prefix="shepherd-demo-")
     stack = DevStack(
@@ -137,6 +139,7 @@ def main(state_dir: Path | None = None, keep: bool = False, spec_path: Path = QU
         plane_port=_port(8300),
     )
     console.print("starting Temporal (with its Web UI), localplane and a worker ...")
+    ok = False
     try:
         stack.start()
         info = stack.info()
@@ -147,7 +150,10 @@ def main(state_dir: Path | None = None, keep: bool = False, spec_path: Path = QU
         if keep:
             console.print("the stack stays up for the Web UI; Ctrl-C stops it")
             run_until_signalled(stack.dead)
+    except Stopping:
+        console.print("[yellow]stopped by a signal[/yellow]")
     finally:
+        SIGNALS.begin_stop()
         console.print("stopping the worker, localplane and Temporal ...")
         stack.stop()
         if tmp is not None:

@@ -14,6 +14,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,61 @@ from shepherd.temporal import TemporalSettings, connect, ensure_search_attribute
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
+
+
+class Stopping(KeyboardInterrupt):
+    """SIGINT or SIGTERM arrived: stop what was started. A KeyboardInterrupt, so that
+    ``except Exception`` blocks and asyncio's tasks let it through as they let Ctrl-C."""
+
+
+class StopSignals:
+    """SIGINT and SIGTERM in a process that starts the stack's parts.
+
+    Once installed, the first signal raises :class:`Stopping` wherever the main thread is
+    (waiting for a port, connecting to Temporal), so a stop during start-up unwinds through
+    the code that stops what was started. Inside :meth:`deferred` (a child being spawned and
+    its handle recorded) the signal waits until the block ends: no child is ever running
+    without the stack knowing it. Once a stop is under way, signals change nothing, so the
+    stop is never cut short.
+    """
+
+    def __init__(self) -> None:
+        self.stopping = False
+        self._held: signal.Signals | None = None
+        self._deferring = 0
+
+    def install(self) -> StopSignals:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, _: Any) -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        if self._deferring:
+            self._held = signal.Signals(signum)
+            return
+        raise Stopping(signal.Signals(signum).name)
+
+    @contextmanager
+    def deferred(self) -> Iterator[None]:
+        self._deferring += 1
+        try:
+            yield
+        finally:
+            self._deferring -= 1
+        if self._held is not None and not self._deferring:
+            held, self._held = self._held, None
+            raise Stopping(held.name)
+
+    def begin_stop(self) -> None:
+        """The process is stopping its parts: signals change nothing from now on."""
+        self.stopping = True
+
+
+#: One per process, as signal handlers are; inert until installed.
+SIGNALS = StopSignals()
 
 
 def free_port() -> int:
@@ -67,6 +124,7 @@ def http_ok(url: str) -> bool:
 def stop_process(
     proc: subprocess.Popen[bytes] | None, timeout: float = STOP_TIMEOUT_S
 ) -> int | None:
+    SIGNALS.begin_stop()
     if proc is None:
         return None
     if proc.poll() is None:
@@ -123,18 +181,24 @@ class TemporalServer:
         )
         if self.namespace != "default":
             cmd += ["--namespace", self.namespace]
-        with open(self.state_dir / "logs" / "temporal.log", "ab") as log:
-            self.proc = subprocess.Popen(
-                cmd,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        wait_until(lambda: tcp_open(self.ip, self.port), "the Temporal server", proc=self.proc)
-        if not self.headless:
-            wait_until(lambda: http_ok(self.ui_url), "the Temporal Web UI", proc=self.proc)
-        asyncio.run(self._register())
+        try:
+            with open(self.state_dir / "logs" / "temporal.log", "ab") as log, SIGNALS.deferred():
+                # Its own session: Ctrl-C on the terminal is for `shepherd dev`, which stops
+                # the parts in order; so whatever stops start-up must stop this one too.
+                self.proc = subprocess.Popen(
+                    cmd,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            wait_until(lambda: tcp_open(self.ip, self.port), "the Temporal server", proc=self.proc)
+            if not self.headless:
+                wait_until(lambda: http_ok(self.ui_url), "the Temporal Web UI", proc=self.proc)
+            asyncio.run(self._register())
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     async def _register(self) -> None:
@@ -191,16 +255,21 @@ class WorkerProcess:
             "SHEPHERD_TASK_QUEUE": self.task_queue,
             **self.env,
         }
-        with open(self.state_dir / "logs" / "worker.log", "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "shepherd.cli.main", "worker", "--ready-file", str(ready)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                start_new_session=True,
-            )
-        wait_until(ready.exists, "the worker", proc=self.proc)
+        command = [sys.executable, "-m", "shepherd.cli.main", "worker", "--ready-file", str(ready)]
+        try:
+            with open(self.state_dir / "logs" / "worker.log", "ab") as log, SIGNALS.deferred():
+                self.proc = subprocess.Popen(
+                    command,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=env,
+                    start_new_session=True,
+                )
+            wait_until(ready.exists, "the worker", proc=self.proc)
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def stop(self) -> int | None:
@@ -220,15 +289,22 @@ class DevStack:
     worker: WorkerProcess | None = None
 
     def start(self) -> DevStack:
+        """Start the parts in order, each once the one before is healthy. Any failure or
+        interruption (see :class:`StopSignals`) stops whatever had been started."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
         try:
-            self.temporal = TemporalServer(self.state_dir, self.temporal_port, self.ui_port).start()
+            # Each part is recorded before it is started, so stop() finds it.
+            self.temporal = TemporalServer(self.state_dir, self.temporal_port, self.ui_port)
+            self.temporal.start()
             self.plane = PlaneProcess(
                 self.state_dir / "plane",
                 port=self.plane_port,
                 config=self.plane_config,
                 log_path=self.state_dir / "logs" / "plane.log",
-            ).start()
+            )
+            with SIGNALS.deferred():
+                self.plane.spawn()
+            self.plane.wait_ready()
             self.worker = WorkerProcess(
                 self.state_dir,
                 env={
@@ -238,7 +314,8 @@ class DevStack:
                     **example_loops(),
                 },
                 task_queue=self.task_queue,
-            ).start()
+            )
+            self.worker.start()
         except BaseException:
             self.stop()
             raise
@@ -271,6 +348,7 @@ class DevStack:
         return None
 
     def stop(self) -> None:
+        SIGNALS.begin_stop()
         # Reverse order: no worker acting on a plane or server that is going away.
         if self.worker:
             self.worker.stop()
@@ -281,22 +359,17 @@ class DevStack:
 
 
 def run_until_signalled(is_dead: Any) -> str:
-    """Block until SIGINT/SIGTERM (returns "signal") or a service dies (returns its name)."""
-    stop = {"why": ""}
-
-    def handler(signum: int, _: Any) -> None:
-        stop["why"] = "signal"
-
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    """Block until SIGINT/SIGTERM (returns "signal") or a service dies (returns its name).
+    Either way the caller stops the services next, so from the return on, signals no longer
+    interrupt (see :class:`StopSignals`)."""
+    SIGNALS.install()
     try:
-        while not stop["why"]:
-            if name := is_dead():
-                return name
+        while not (name := is_dead()):
             time.sleep(0.2)
-        return stop["why"]
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
+        SIGNALS.begin_stop()
+        return str(name)
+    except Stopping:
+        return "signal"
 
 
 def write_ready(path: Path | None, info: dict[str, Any]) -> None:

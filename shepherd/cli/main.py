@@ -7,6 +7,7 @@ server, localplane, workers); it imports them lazily, only in the commands that 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -141,8 +142,9 @@ def server(
     headless: Annotated[bool, typer.Option(help="No Web UI.")] = False,
 ) -> None:
     """Run the Temporal dev server (SQLite under the state dir, Shepherd's search attributes)."""
-    from workers.devstack import TemporalServer, run_until_signalled
+    from workers.devstack import SIGNALS, TemporalServer, run_until_signalled
 
+    SIGNALS.install()  # before anything starts: a stop during start-up leaks nothing
     configure_logging()
     temporal = TemporalServer(state_dir, port=port, ui_port=ui_port, headless=headless).start()
     try:
@@ -193,8 +195,11 @@ def dev(
 ) -> None:
     """Start the whole embedded stack in the foreground: the Temporal dev server with its Web UI,
     localplane and a worker. Ctrl-C (or SIGTERM) stops all of them."""
-    from workers.devstack import DevStack, run_until_signalled, write_ready
+    from localplane.plane import ADMIN_KEY_FILE, API_KEY_FILE
+    from workers.devstack import SIGNALS, DevStack, Stopping, run_until_signalled, write_ready
 
+    # Before anything starts: stopped at any moment, the stack stops what it had started.
+    SIGNALS.install()
     configure_logging()
     stack = DevStack(
         state_dir,
@@ -203,8 +208,8 @@ def dev(
         plane_port=plane_port,
         task_queue=task_queue,
     )
-    stack.start()
     try:
+        stack.start()
         info = stack.info()
         assert stack.plane is not None
         typer.echo("Shepherd dev stack is up")
@@ -214,13 +219,24 @@ def dev(
                 ("Web UI", info["ui"]),
                 ("localplane", info["plane"]),
                 ("worker", f"task queue {task_queue!r} (pid {info['pids']['worker']})"),
-                ("dev API key", stack.plane.api_key),
+                # The key on the terminal of whoever started the stack, never into a file
+                # that stdout is redirected to; the admin key stays in its file.
+                (
+                    "dev API key",
+                    f"{stack.plane.api_key}  (in {stack.plane.data_dir / API_KEY_FILE})"
+                    if sys.stdout.isatty()
+                    else f"in {stack.plane.data_dir / API_KEY_FILE}",
+                ),
+                ("admin key", f"in {stack.plane.data_dir / ADMIN_KEY_FILE}"),
                 ("logs", info["logs"]),
             ]
         )
         write_ready(ready_file, info)
         why = run_until_signalled(stack.dead)
+    except Stopping:
+        why = "signal"
     finally:
+        SIGNALS.begin_stop()
         typer.echo("stopping the worker, localplane and Temporal ...")
         stack.stop()
     if why != "signal":

@@ -8,8 +8,11 @@ typed client (wrong types, non-JSON bodies) and because the wire body itself is 
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -32,7 +35,8 @@ WATCHED_PER_JOB = ("creates", "resumes", "trainersStarted", "deletes", "state", 
 
 @dataclass(frozen=True)
 class Bad:
-    """One invalid request; ``path`` is relative to ``/v1/accounts/{a}``."""
+    """One invalid request; ``path`` is relative to ``/v1/accounts/{a}`` (to ``/admin/v1``
+    with the admin key when ``admin``), where ``{a}`` is the test's account id."""
 
     method: str
     path: str
@@ -42,6 +46,7 @@ class Bad:
     params: dict[str, str] = field(default_factory=dict)
     body: Any = None
     content: bytes | None = None
+    admin: bool = False
 
 
 def _valid_body() -> dict[str, Any]:
@@ -56,6 +61,7 @@ def create(
     job_id: str = "valid-id",
     shape: str | None = None,
     tc: dict[str, Any] | None = None,
+    code: int = 400,
     status: str = "INVALID_ARGUMENT",
     **top: Any,
 ) -> Bad:
@@ -74,11 +80,31 @@ def create(
     params = {"rlorTrainerJobId": job_id}
     if shape is not None:
         params["trainingShape"] = shape
-    return Bad("POST", "/rlorTrainerJobs", names, status=status, params=params, body=body)
+    return Bad("POST", "/rlorTrainerJobs", names, code, status, params=params, body=body)
 
 
 def listing(*names: str, **params: str) -> Bad:
     return Bad("GET", "/rlorTrainerJobs", names, params=params)
+
+
+def page_token(payload: bytes) -> str:
+    """A token shaped like the plane's own (urlsafe base64 of JSON) around any payload."""
+    return base64.urlsafe_b64encode(payload).decode().rstrip("=")
+
+
+def raw_create(content: bytes, *names: str) -> Bad:
+    return Bad("POST", "/rlorTrainerJobs", names, params={"rlorTrainerJobId": "x"}, content=content)
+
+
+#: Nesting far beyond any request of the contract (and beyond Python's recursion limit).
+DEEP_ARRAY = b"[" * 10_000 + b"]" * 10_000
+DEEP_OBJECT = b'{"a":' * 10_000 + b"1" + b"}" * 10_000
+#: An integer longer than Python converts from text by default (4300 digits).
+LONG_NUMBER = b"1" + b"0" * 5000
+
+
+def admin_call(method: str, path: str, *names: str, body: Any = None, **kw: Any) -> Bad:
+    return Bad(method, path, names, body=body, admin=True, **kw)
 
 
 CASES = [
@@ -153,6 +179,59 @@ CASES = [
     pytest.param(listing("pageSize", pageSize="1.5"), id="page-size-fraction"),
     pytest.param(listing("pageSize", pageSize="two"), id="page-size-word"),
     pytest.param(listing("pageToken", pageToken="not-a-token"), id="page-token-garbage"),
+    # Offsets past SQLite's integer range, that are not integers, or tokens that are not JSON
+    # objects: none of them a token the plane issued.
+    pytest.param(
+        listing("pageToken", pageToken=page_token(json.dumps({"o": 10**30}).encode())),
+        id="page-token-huge-offset",
+    ),
+    pytest.param(
+        listing("pageToken", pageToken=page_token(json.dumps({"o": 2**63}).encode())),
+        id="page-token-offset-past-int64",
+    ),
+    pytest.param(
+        listing("pageToken", pageToken=page_token(b'{"o": true}')), id="page-token-bool-offset"
+    ),
+    pytest.param(
+        listing("pageToken", pageToken=page_token(b"[" * 3000)), id="page-token-deeply-nested"
+    ),
+    pytest.param(
+        listing("pageToken", pageToken=page_token(b'{"o": ' + LONG_NUMBER + b"}")),
+        id="page-token-number-too-long",
+    ),
+    pytest.param(
+        Bad("GET", "/rlorTrainerJobs:watch", ("Last-Event-ID",), params={"since": "9" * 40}),
+        id="watch-since-past-int64",
+    ),
+    pytest.param(
+        Bad("GET", "/rlorTrainerJobs:watch", ("Last-Event-ID",), params={"since": "-1"}),
+        id="watch-since-negative",
+    ),
+    # --- bodies the JSON parser itself refuses
+    pytest.param(raw_create(DEEP_ARRAY, "JSON", "nested"), id="body-deeply-nested-array"),
+    pytest.param(raw_create(DEEP_OBJECT, "JSON", "nested"), id="body-deeply-nested-object"),
+    pytest.param(
+        raw_create(b'{"trainingConfig": {"loraRank": ' + LONG_NUMBER + b"}}", "JSON", "digits"),
+        id="body-number-too-long",
+    ),
+    pytest.param(raw_create(b'{"displayName": "\xff"}', "JSON", "UTF-8"), id="body-not-utf8"),
+    # --- extraArgs the trainer could not live with
+    pytest.param(
+        create("extraArgs", "--compute-delay-ms", tc={"extraArgs": ["--compute-delay-ms=inf"]}),
+        id="extra-args-delay-infinite",
+    ),
+    pytest.param(
+        create("extraArgs", "--compute-delay-ms", tc={"extraArgs": ["--compute-delay-ms=nan"]}),
+        id="extra-args-delay-nan",
+    ),
+    pytest.param(
+        create(
+            "extraArgs",
+            "--retrieve-hold-seconds",
+            tc={"extraArgs": ["--retrieve-hold-seconds=1e400"]},
+        ),
+        id="extra-args-hold-overflows",
+    ),
     # --- jobs that never existed
     pytest.param(
         Bad("GET", "/rlorTrainerJobs/never-was", ("never-was",), 404, "NOT_FOUND"), id="get-unknown"
@@ -168,6 +247,110 @@ CASES = [
     pytest.param(
         Bad("GET", "/rlorTrainerJobs/never-was/checkpoints", ("never-was",), 404, "NOT_FOUND"),
         id="checkpoints-of-unknown",
+    ),
+]
+
+
+#: Datasets: localplane's trainers read none (clients send tokens), so the plane keeps a
+#: dataset only as a name in the caller's own account and never touches a path or a URL.
+DATASET_CASES = [
+    pytest.param(
+        create(
+            "dataset",
+            "another account",
+            dataset="accounts/other/datasets/secret",
+            code=403,
+            status="PERMISSION_DENIED",
+        ),
+        id="dataset-of-another-account",
+    ),
+    pytest.param(create("dataset", dataset="file:///etc/passwd"), id="dataset-host-file-uri"),
+    pytest.param(create("dataset", dataset="/etc/passwd"), id="dataset-host-path"),
+    pytest.param(create("dataset", dataset="gs://bucket/data.jsonl"), id="dataset-bucket-url"),
+    pytest.param(
+        create("dataset", dataset="accounts/{a}/datasets/Bad_Id"), id="dataset-id-invalid"
+    ),
+    pytest.param(create("dataset", dataset="accounts/{a}/datasets/x/../y"), id="dataset-traversal"),
+]
+CASES += DATASET_CASES
+
+#: Admin requests (``path`` relative to ``/admin/v1``): wrong JSON types, non-object bodies.
+ADMIN_CASES = [
+    pytest.param(
+        admin_call("POST", "/accounts", "accountId", body={"accountId": 123}),
+        id="account-id-number",
+    ),
+    pytest.param(
+        admin_call("POST", "/accounts", "accountId", body={"accountId": ["a"]}),
+        id="account-id-list",
+    ),
+    pytest.param(
+        admin_call("POST", "/accounts", "keyStyle", body={"keyStyle": 5}), id="key-style-number"
+    ),
+    pytest.param(admin_call("POST", "/accounts", "JSON object", body=[1]), id="account-body-array"),
+    pytest.param(
+        admin_call("POST", "/accounts", "JSON", "nested", content=DEEP_OBJECT),
+        id="account-body-deeply-nested",
+    ),
+    pytest.param(
+        admin_call("POST", "/accounts/{a}/apiKeys", "JSON object", body=[1]),
+        id="api-key-body-array",
+    ),
+    pytest.param(
+        admin_call(
+            "POST", "/faults", "outage.durationSeconds", body={"outage": {"durationSeconds": 1e308}}
+        ),
+        id="faults-outage-overflows",
+    ),
+    pytest.param(
+        admin_call(
+            "POST",
+            "/faults",
+            "outage.startInSeconds",
+            body={"outage": {"durationSeconds": 1, "startInSeconds": 1e12}},
+        ),
+        id="faults-outage-start-overflows",
+    ),
+    pytest.param(
+        admin_call(
+            "POST", "/faults", "JSON", "digits", content=b'{"capacity": ' + LONG_NUMBER + b"}"
+        ),
+        id="faults-number-too-long",
+    ),
+    pytest.param(
+        admin_call("POST", "/faults", "JSON", "nested", content=DEEP_ARRAY),
+        id="faults-deeply-nested",
+    ),
+    pytest.param(
+        admin_call(
+            "POST",
+            "/webhooks",
+            "url",
+            body={"url": "http://\x00", "secret": "s" * 16},
+        ),
+        id="webhook-url-unparseable",
+    ),
+    pytest.param(
+        admin_call("POST", "/webhooks", "url", body={"url": "http://", "secret": "s" * 16}),
+        id="webhook-url-no-host",
+    ),
+    pytest.param(
+        admin_call(
+            "POST",
+            "/webhooks",
+            "accountId",
+            body={"url": "http://127.0.0.1:9/", "secret": "s" * 16, "accountId": {"a": 1}},
+        ),
+        id="webhook-account-id-object",
+    ),
+    pytest.param(
+        admin_call(
+            "POST",
+            "/rlorTrainerJobs/never-was:stop",
+            "message",
+            body={"state": "JOB_STATE_CANCELLED", "message": {"a": 1}},
+        ),
+        id="stop-message-object",
     ),
 ]
 
@@ -278,24 +461,30 @@ def _fill(value: Any, account_id: str) -> Any:
     return value
 
 
-async def send(http: httpx.AsyncClient, account: Account, bad: Bad) -> httpx.Response:
-    headers = {"Authorization": f"Bearer {account.api_key}"}
+async def send(
+    http: httpx.AsyncClient, account: Account, bad: Bad, admin_key: str = ""
+) -> httpx.Response:
+    key, prefix = (admin_key, "/admin/v1") if bad.admin else (account.api_key, "/v1/accounts/{a}")
+    headers = {"Authorization": f"Bearer {key}"}
     if bad.content is not None:
         headers["Content-Type"] = "application/json"
-        return await http.request(
-            bad.method,
-            f"/v1/accounts/{account.id}{bad.path}",
-            params=bad.params,
-            headers=headers,
-            content=bad.content,
-        )
-    return await http.request(
+    request = http.build_request(
         bad.method,
-        f"/v1/accounts/{account.id}{bad.path}",
+        _fill(prefix + bad.path, account.id),
         params=bad.params,
         headers=headers,
-        json=_fill(bad.body, account.id),
+        content=bad.content,
+        json=None if bad.content is not None else _fill(bad.body, account.id),
     )
+    response = await http.send(request, stream=True)
+    try:
+        if response.headers.get("content-type", "").startswith("text/event-stream"):
+            # An accepted watch streams forever: what it answered is all a test needs.
+            return httpx.Response(response.status_code, text="<event stream>", request=request)
+        await response.aread()
+        return response
+    finally:
+        await response.aclose()
 
 
 def assert_error(response: httpx.Response, code: int, status: str, *names: str) -> None:
@@ -343,6 +532,54 @@ async def test_invalid_request_is_rejected_and_creates_nothing(
     after = await footprint(admin, account)
     assert after == before
     assert after["jobs"] == []
+
+
+@pytest.mark.parametrize("bad", ADMIN_CASES)
+async def test_invalid_admin_request_is_rejected_and_changes_nothing(
+    bad: Bad, account: Account, faults: PlaneAdmin, http: httpx.AsyncClient, plane: PlaneProcess
+) -> None:
+    config, hooks = await faults.faults(), await faults.webhooks()
+    before = await footprint(faults, account)
+    response = await send(http, account, bad, plane.admin_key)
+    assert_error(response, bad.code, bad.status, *bad.names)
+    assert await footprint(faults, account) == before
+    assert await faults.faults() == config
+    assert await faults.webhooks() == hooks
+
+
+async def test_dataset_errors_do_not_tell_whether_a_host_path_exists(
+    account: Account, http: httpx.AsyncClient, tmp_path: Path
+) -> None:
+    there = tmp_path / "data.jsonl"
+    there.write_text('{"text": "x"}\n')
+    messages = set()
+    for path in (there, tmp_path / "missing.jsonl", tmp_path):
+        for ref in (str(path), f"file://{path}"):
+            bad = create("dataset", dataset=ref)
+            response = await send(http, account, bad)
+            assert_error(response, 400, "INVALID_ARGUMENT", "dataset")
+            message = response.json()["error"]["message"]
+            assert str(tmp_path) not in message
+            messages.add(message)
+    assert len(messages) == 1, messages
+
+
+async def test_dataset_of_another_existing_account_is_refused_like_a_missing_one(
+    account: Account, admin: PlaneAdmin, http: httpx.AsyncClient
+) -> None:
+    other, _ = await admin.create_account()
+    for owner in (other, "no-such-account"):
+        bad = create("dataset", owner, dataset=f"accounts/{owner}/datasets/secret")
+        response = await send(http, account, bad)
+        assert_error(response, 403, "PERMISSION_DENIED", "dataset", owner)
+    assert [job async for job in account.client.iter_jobs()] == []
+
+
+async def test_dataset_of_the_callers_own_account_is_kept_as_a_name(account: Account) -> None:
+    name = f"accounts/{account.id}/datasets/support-chat"
+    job = await account.client.create_job("own-dataset", job_request(dataset=name))
+    assert job.dataset == name
+    await account.client.delete_job("own-dataset")
 
 
 @pytest.mark.parametrize("bad", BUSY_CASES)

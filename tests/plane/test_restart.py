@@ -5,6 +5,7 @@ saying the platform restarted, and resume to the exact same weights."""
 from __future__ import annotations
 
 import asyncio
+import stat
 from pathlib import Path
 
 import pytest
@@ -111,3 +112,19 @@ async def _events(client: PlatformClient, last: int = 0):  # type: ignore[no-unt
         except TimeoutError:
             await stream.aclose()
             return
+
+
+def test_keys_stay_in_owner_only_files_across_restarts(tmp_path: Path) -> None:
+    plane = PlaneProcess(tmp_path / "plane").start()
+    try:
+        keys = {plane.api_key, plane.admin_key}
+        files = [plane.data_dir / "dev-api-key", plane.data_dir / "admin-api-key"]
+        for path in files:
+            path.chmod(0o644)  # as a copy or a hand-made file might be
+        plane.restart()
+        assert {plane.api_key, plane.admin_key} == keys  # the same keys, read back
+        assert [stat.S_IMODE(path.stat().st_mode) for path in files] == [0o600, 0o600]
+    finally:
+        plane.stop()
+    log = plane.log_path.read_text()
+    assert "plane.ready" in log and not any(key in log for key in keys)

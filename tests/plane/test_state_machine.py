@@ -136,6 +136,12 @@ async def test_preempt_resume_new_route_with_observable_race(
     old_route = (await faults.job("spot", account=account.id))["route"]
 
     await faults.preempt("spot", account=account.id)
+    # A reclaimed trainer is dead from the moment the preemption is acknowledged: its route
+    # is gone at once and answers 404 (trainer-api.md §5), never a reset connection (502).
+    assert (await faults.job("spot", account=account.id))["route"] is None
+    with pytest.raises(TrainerHTTPError) as dead:
+        await trainer.info()
+    assert dead.value.status == 404
     failed = await wait_state(account.client, "spot", JobState.FAILED)
     assert "preempt" in failed.status.message
     # The dead trainer's route answers 404 — as does any unknown route.

@@ -318,8 +318,8 @@ async def test_forward_only_shape(account: Account) -> None:
 
     await account.client.create_job(
         "fwd",
-        # Trainers load no datasets (clients send tokens): the field is accepted and ignored.
-        job_request(dataset="gs://nowhere/data.jsonl"),
+        # Trainers load no datasets (clients send tokens): a name is kept and never read.
+        job_request(dataset=f"accounts/{account.id}/datasets/nowhere"),
         training_shape="accounts/localplane/trainingShapes/tiny-cpu-forward-only",
     )
     await wait_state(account.client, "fwd", JobState.RUNNING)
