@@ -3,6 +3,9 @@ client-chosen id), and delete it."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
@@ -17,6 +20,7 @@ from shepherd.models import (
 from shepherd.platform import AlreadyExists, NotFound, PlatformError
 from shepherd.platform.models import CreateTrainerJobRequest, TrainingConfig
 from shepherd.platform.rules import format_duration
+from shepherd.states import JobState
 from workflows import policies
 
 
@@ -113,5 +117,20 @@ class ProvisioningActivities:
             raise ApplicationError(
                 f"deleting the trainer: {exc}", type=type(exc).__name__
             ) from None
-        log(trainer_job_id=ref.trainer_job_id).info("trainer.deleted")
+        # Wait (briefly) for the platform to confirm: the status then says DELETED, not
+        # DELETING, and "no trainer left" is what the platform says, not what we asked for.
+        deadline = time.monotonic() + policies.DELETE_CONFIRM_WAIT.total_seconds()
+        while job is not None and job.state is not JobState.DELETED:
+            if time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(policies.DELETE_CONFIRM_SPACING.total_seconds())
+            try:
+                job = await client.get_job(ref.trainer_job_id)
+            except NotFound:
+                break
+            except PlatformError:
+                break  # deleting was asked and accepted; confirming is best effort
+        log(trainer_job_id=ref.trainer_job_id).info(
+            "trainer.deleted", state=job.state.value if job else None
+        )
         return snapshot(job) if job else None

@@ -918,12 +918,14 @@ class TrainingJobWorkflow:
         if not self._trainer_live or self.s.trainer_job_id is None:
             return
         self.s.cleanup = "deleting"
-        await self._act(
+        deleted = await self._act(
             ProvisioningActivities.delete_trainer,
             self._ref(),
             self.pol.delete_trainer,
             "delete the trainer",
         )
+        if deleted is not None:
+            self._observe(deleted)
         self._trainer_live = self._serving = False
         self._session = None
         self.s.cleanup = "done"

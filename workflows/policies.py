@@ -101,6 +101,13 @@ WARMUP_ATTEMPT_BUDGET = timedelta(seconds=5)
 #: verified 404 that ends it.
 CHUNK_DEATH_REPORT_GRACE = timedelta(seconds=3)
 
+#: After a delete is accepted (DELETING), wait this long, asking every
+#: DELETE_CONFIRM_SPACING, for the platform to say DELETED (a trainer exits in about a
+#: second; localplane gives it 3 s before SIGKILL). Past it the job ends anyway: the
+#: delete was accepted, and the platform finishes it.
+DELETE_CONFIRM_WAIT = timedelta(seconds=10)
+DELETE_CONFIRM_SPACING = timedelta(milliseconds=200)
+
 # ------------------------------------------------------------------- waiting at scale
 # Polling by retries costs the Temporal server about three persistence writes per attempt,
 # and a busy platform keeps most jobs waiting for a slot. The dev server's SQLite levels off

@@ -17,6 +17,7 @@ async def test_happy_path_to_a_promoted_model(stack: Stack) -> None:
     assert [c.step for c in result.checkpoints] == [10, 20]
     assert result.best is not None and result.eval_value is not None
     assert result.cleanup == "done"
+    assert result.platform_state == JobState.DELETED.value  # what the platform says after cleanup
     stats = await stack.admin.stats()
     name = stack.job_name(result.trainer_job_id or "")
     assert stats["jobs"][name]["creates"] == 1
