@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -130,11 +131,38 @@ def check_name(name: str) -> str | None:
     )
 
 
+#: Directories (``:``-separated) the worker may read dataset files from. Unset: any file the
+#: worker can read (a single-user dev stack); set it wherever specs come from other people.
+DIRS_ENV = "SHEPHERD_DATASET_DIRS"
+
+
+def allowed_dirs() -> list[Path] | None:
+    raw = os.environ.get(DIRS_ENV)
+    if raw is None:
+        return None
+    return [Path(d).resolve() for d in raw.split(":") if d.strip()]
+
+
+def _readable(path: Path) -> Path | None:
+    """The file to read, or None: outside the allowed directories, missing, not a file or
+    unreadable all look the same to the spec's author (no probing the worker's disk)."""
+    try:
+        real = path.resolve()  # symlinks followed: a link out of an allowed dir is outside
+        dirs = allowed_dirs()
+        if dirs is not None and not any(real.is_relative_to(d) for d in dirs):
+            return None
+        return real if real.is_file() and os.access(real, os.R_OK) else None
+    except OSError:
+        return None
+
+
 def _load_jsonl(path: Path) -> list[Example]:
-    if not path.is_file():
-        raise DatasetError(f"dataset file {path.name} is not readable on this worker")
+    real = _readable(path)
+    if real is None:
+        where = f" (allowed: {DIRS_ENV})" if allowed_dirs() is not None else ""
+        raise DatasetError(f"dataset {path.name} is not readable on this worker{where}")
     examples = []
-    with open(path, encoding="utf-8") as f:
+    with open(real, encoding="utf-8") as f:
         for line_no, line in enumerate(f, 1):
             if not line.strip():
                 continue
