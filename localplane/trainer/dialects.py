@@ -60,6 +60,10 @@ def decode_request(op: str, content_type: str | None, body: bytes) -> tuple[dict
         parsed = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise InvalidArgument(f"{op}: the request body is not valid JSON") from None
+    except RecursionError:
+        raise InvalidArgument(f"{op}: the request body is JSON nested too deeply") from None
+    except ValueError:  # an integer longer than Python converts (sys.get_int_max_str_digits)
+        raise InvalidArgument(f"{op}: a JSON number in the request has too many digits") from None
     if not isinstance(parsed, dict):
         raise InvalidArgument(f"{op}: the request body must be a JSON object")
     return parsed, "json"

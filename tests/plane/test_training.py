@@ -334,3 +334,21 @@ async def test_forward_only_shape(account: Account) -> None:
         with pytest.raises(FutureFailed, match="forward-only"):
             await model.run(op, body)
     await api.aclose()
+
+
+async def test_bodies_python_cannot_parse_are_400_on_the_trainer(account: Account) -> None:
+    trainer = await running_trainer(account, "unparsable")
+    try:
+        for body, why in [
+            (b'{"a":' * 10_000 + b"1" + b"}" * 10_000, "nested too deeply"),
+            (b'{"model_id": ' + b"9" * 5000 + b"}", "too many digits"),
+        ]:
+            answer = await trainer.api.http.post(
+                trainer.api.url("forward_backward"),
+                content=body,
+                headers={"content-type": "application/json"},
+            )
+            assert answer.status_code == 400 and why in answer.text, answer.text[:200]
+    finally:
+        await trainer.api.aclose()
+        await account.client.delete_job("unparsable")
