@@ -217,6 +217,22 @@ class JobHandle:
     async def status(self) -> JobStatus:
         return await self._handle.query("status", result_type=JobStatus)
 
+    async def _live_step(self) -> int:
+        """The last step a running chunk reported in its heartbeat (0: none)."""
+        try:
+            desc = await self._handle.describe()
+            for pending in desc.raw_description.pending_activities:
+                if pending.activity_type.name != "train_chunk":
+                    continue
+                payloads = pending.heartbeat_details.payloads
+                if payloads:
+                    (beat,) = await self._sh.client.data_converter.decode(payloads[:1])
+                    if isinstance(beat, dict) and isinstance(beat.get("step"), int):
+                        return int(beat["step"])
+        except RPCError:
+            pass  # best effort: the chunk's end brings the step anyway
+        return 0
+
     async def spec(self) -> JobSpec:
         return await self._handle.query("spec", result_type=JobSpec)
 
@@ -241,6 +257,10 @@ class JobHandle:
         try:
             while True:
                 status = await self.status()
+                if status.phase is Phase.TRAINING:
+                    # The workflow counts steps when a chunk ends; the chunk's heartbeat
+                    # counts every step, so progress moves within a chunk too.
+                    status.step = max(status.step, await self._live_step())
                 key = (
                     status.phase,
                     status.step,

@@ -16,6 +16,7 @@ from shepherd.cli.render import (
     outcome_line,
     print_json,
     print_yaml,
+    progress_line,
     show_status,
     watch_progress,
 )
@@ -35,7 +36,13 @@ async def _follow(job: Any, as_json: bool) -> None:
             print(status.model_dump_json())
             final = status
     else:
-        final = await watch_progress(job.watch())
+        if console.is_terminal:
+            final = await watch_progress(job.watch())
+        else:
+            # A log or a pipe gets a plain line per change (a live bar shows only its end).
+            async for status in job.watch():
+                console.print(progress_line(status), soft_wrap=True)
+                final = status
         console.print(outcome_line(final))
     if final.phase is not Phase.COMPLETED:
         raise typer.Exit(EXIT_FAILED)

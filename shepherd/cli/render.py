@@ -119,6 +119,18 @@ def outcome_line(status: JobStatus) -> str:
     return f"[bold red]{status.phase.value}[/bold red] at step {status.step}/{status.total_steps}{error}"
 
 
+def progress_line(status: JobStatus) -> str:
+    """One plain line per change of a watched job (for logs and pipes)."""
+    parts = [f"{status.phase.value:<13}", f"step {status.step}/{status.total_steps}"]
+    if status.last_loss is not None:
+        parts.append(f"loss {status.last_loss:.4f}")
+    if status.platform_state:
+        parts.append(f"trainer {status.platform_state.removeprefix('JOB_STATE_')}")
+    if status.recoveries:
+        parts.append(f"recoveries {len(status.recoveries)}")
+    return "  ".join(parts)
+
+
 async def watch_progress(updates: AsyncIterator[JobStatus]) -> JobStatus:
     """A live bar: phase, step/total, loss, ETA, recoveries. Returns the final status."""
     columns = (

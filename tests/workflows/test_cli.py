@@ -71,6 +71,9 @@ async def test_submit_watch_status_list_checkpoints(stack: Stack, tmp_path: Path
     done = await cli(stack, "submit", str(spec), "--watch", "--set", "training.total_steps=20")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "COMPLETED" in done.stdout and "clijob-model" in done.stdout
+    # Not a terminal: one plain line per change, not just the bar's last frame.
+    lines = [w for w in done.stdout.splitlines() if "step " in w and "/20" in w]
+    assert len(lines) >= 3 and any(w.startswith("TRAINING") for w in lines), done.stdout
     workflow_id = next(w.split()[1] for w in done.stdout.splitlines() if w.startswith("submitted"))
 
     status = json.loads((await cli(stack, "status", workflow_id, "--json")).stdout)
@@ -199,3 +202,21 @@ async def test_schedule_and_sweep_commands(stack: Stack, tmp_path: Path) -> None
     swept = await cli(stack, "sweep", "submit", str(sweep), "--watch")
     assert swept.returncode == 0, swept.stdout + swept.stderr
     assert "best: trial" in swept.stdout and "promoted: " in swept.stdout
+
+
+async def test_watched_progress_moves_within_a_chunk(stack: Stack) -> None:
+    from shepherd.client import Shepherd
+
+    # Half-second steps, one chunk of 10, heartbeats sent every 1.6 s (80 % of the timeout).
+    spec = stack.spec(
+        "inchunk",
+        trainer={"extra_args": ["--compute-delay-ms=500"]},
+        training={"total_steps": 10},
+        policies={"heartbeat_timeout": "2s"},
+    )
+    job = await Shepherd(stack.client, task_queue=stack.task_queue).submit(spec)
+    seen: set[int] = set()
+    async for status in job.watch(interval=0.05):
+        seen.add(status.step)
+    # The chunk ends at 10; its heartbeat shows the steps before.
+    assert seen - {0, 10}, seen
