@@ -3,6 +3,7 @@ a real job through the stack, and a clean shutdown that leaves nothing behind.""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -97,11 +98,28 @@ async def test_dev_brings_everything_up_runs_a_job_and_stops_cleanly(tmp_path: P
         handle = await start_job(client, spec, task_queue=info["task_queue"])
         result = await handle.result()
         assert result.phase is Phase.COMPLETED and result.model is not None
+
+        # The CLI in another shell links to this stack's Web UI port, not the default one.
+        link = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-c", "from shepherd.cli.common import ui_link; print(ui_link('w'))"],
+            env={
+                **os.environ,
+                "SHEPHERD_STATE_DIR": str(state),
+                "TEMPORAL_ADDRESS": info["temporal"],
+            },
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert link.stdout.strip().startswith(f"{info['ui']}/namespaces/"), link.stdout
     finally:
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out.decode()
     assert b"stopped." in out
+    assert f"export SHEPHERD_UI_URL={info['ui']}" in out.decode()
+    assert not (state / "stack.json").exists()  # no stale addresses once stopped
     assert not any(_alive(pid) for pid in info["pids"].values())
     assert trainer_pids(state / "plane") == []
     assert_keys_kept_secret(state, out.decode())

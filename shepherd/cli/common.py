@@ -9,9 +9,11 @@ option, or a submission refused: its id or output model id taken) · 3 Temporal 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections.abc import Coroutine
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import typer
@@ -44,9 +46,30 @@ async def shepherd() -> Any:
     )
 
 
+#: What a running ``shepherd dev`` writes into its state directory (its addresses), so the
+#: CLI in another shell links to the Web UI port that stack really has.
+STACK_FILE = "stack.json"
+
+
+def _dev_stack_ui() -> str | None:
+    path = Path(os.environ.get("SHEPHERD_STATE_DIR", ".shepherd")) / STACK_FILE
+    try:
+        info = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    address = CONNECTION.address or os.environ.get("TEMPORAL_ADDRESS", "localhost:7233")
+    if not isinstance(info, dict) or info.get("temporal") != address:
+        return None  # that stack is not the one this command talks to
+    ui = info.get("ui")
+    return ui if isinstance(ui, str) else None
+
+
 def ui_link(workflow_id: str) -> str:
-    """The Web UI page of a workflow (``SHEPHERD_UI_URL``, default the dev server's)."""
-    base = os.environ.get("SHEPHERD_UI_URL", "http://localhost:8233").rstrip("/")
+    """The Web UI page of a workflow: ``SHEPHERD_UI_URL``, else the UI of the dev stack
+    this command talks to, else the dev server's default port."""
+    base = (os.environ.get("SHEPHERD_UI_URL") or _dev_stack_ui() or "http://localhost:8233").rstrip(
+        "/"
+    )
     namespace = CONNECTION.namespace or os.environ.get("TEMPORAL_NAMESPACE", "default")
     return f"{base}/namespaces/{namespace}/workflows/{workflow_id}"
 

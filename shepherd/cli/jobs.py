@@ -219,7 +219,10 @@ def register(app: typer.Typer) -> None:
         async def go() -> None:
             st = await (await shepherd()).get(workflow_id).resume(checkpoint)
             print_json(st) if as_json else console.print(
-                f"resumed: {st.phase.value} (trainer generation {st.generation + 1})"
+                # The same words and numbers as `status` (the new trainer is provisioned
+                # before the answer comes back).
+                f"resumed: {st.phase.value} · trainer {st.trainer_job_id or '-'} "
+                f"(generation {st.generation})"
             )
 
         run(go())

@@ -196,6 +196,7 @@ def dev(
     """Start the whole embedded stack in the foreground: the Temporal dev server with its Web UI,
     localplane and a worker. Ctrl-C (or SIGTERM) stops all of them."""
     from localplane.plane import ADMIN_KEY_FILE, API_KEY_FILE
+    from shepherd.cli.common import STACK_FILE
     from workers.devstack import SIGNALS, DevStack, Stopping, run_until_signalled, write_ready
 
     # Before anything starts: stopped at any moment, the stack stops what it had started.
@@ -216,7 +217,7 @@ def dev(
         _banner(
             [
                 ("Temporal", f"{info['temporal']}  (export TEMPORAL_ADDRESS={info['temporal']})"),
-                ("Web UI", info["ui"]),
+                ("Web UI", f"{info['ui']}  (other shells: export SHEPHERD_UI_URL={info['ui']})"),
                 ("localplane", info["plane"]),
                 ("worker", f"task queue {task_queue!r} (pid {info['pids']['worker']})"),
                 # The key on the terminal of whoever started the stack, never into a file
@@ -232,12 +233,14 @@ def dev(
             ]
         )
         write_ready(ready_file, info)
+        write_ready(state_dir / STACK_FILE, info)  # the CLI's Web UI links follow this stack
         why = run_until_signalled(stack.dead)
     except Stopping:
         why = "signal"
     finally:
         SIGNALS.begin_stop()
         typer.echo("stopping the worker, localplane and Temporal ...")
+        (state_dir / STACK_FILE).unlink(missing_ok=True)
         stack.stop()
     if why != "signal":
         typer.echo(f"{why} exited unexpectedly; see {state_dir / 'logs'}", err=True)

@@ -120,6 +120,8 @@ async def test_pause_resume_cancel_and_retry(stack: Stack, tmp_path: Path) -> No
 
     resumed = await cli(stack, "resume", workflow_id)
     assert resumed.returncode == 0 and "resumed" in resumed.stdout
+    shown = json.loads((await cli(stack, "status", workflow_id, "--json")).stdout)
+    assert f"(generation {shown['generation']})" in resumed.stdout  # the same number
 
     await stack.until(
         stack.client.get_workflow_handle(workflow_id),
