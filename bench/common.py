@@ -40,6 +40,7 @@ from shepherd.spec import JobSpec, validate_spec
 from shepherd.states import JobState
 from shepherd.tinker_client import TrainingClient
 from workers.config import BackendProfile, BackendRegistry
+from workers.devstack import TIMER_FLAGS
 from workers.events import EventBridge
 from workers.main import workers_for
 from workflows.job import TrainingJobWorkflow
@@ -397,7 +398,7 @@ async def shepherd_stack(
             data_converter=pydantic_data_converter,
             search_attributes=list(sa.ALL),
             dev_server_log_level="error",
-            dev_server_extra_args=list(server_args),
+            dev_server_extra_args=[*TIMER_FLAGS, *server_args],  # as `shepherd dev` runs it
             ui=False,
         )
         await stack.enter_async_context(env)

@@ -137,6 +137,13 @@ def stop_process(
     return proc.returncode
 
 
+#: A new server timer (a heartbeat timeout, a retry's backoff) may fire up to this late; the
+#: default (1 s) adds about a second to noticing a dead worker and to every short retry
+#: (bench/crash.py). 10 ms costs the dev server a little CPU; for a cluster it is the
+#: operator's call (README, "Sizing workers").
+TIMER_FLAGS = ["--dynamic-config-value", 'history.timerProcessorMaxTimeShift="10ms"']
+
+
 @dataclass
 class TemporalServer:
     state_dir: Path
@@ -173,6 +180,7 @@ class TemporalServer:
             "--log-level",
             "warn",
             *search_attributes.server_flags(),
+            *TIMER_FLAGS,
         ]
         cmd += (
             ["--headless"]

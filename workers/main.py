@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import json
 import os
 import signal
@@ -160,6 +161,9 @@ async def run_worker(
     stop = stop or asyncio.Event()
     queues = list(task_queues or [temporal.task_queue])
     sizing = sizing or WorkerSizing.from_env()
+    # The first training activity would otherwise import transformers (~1 s) on the event
+    # loop, right when a crashed worker's chunk is retried here (bench/crash.py).
+    await asyncio.to_thread(importlib.import_module, "transformers")
     workers = [w for queue in queues for w in workers_for(client, queue, registry, sizing)]
     bridge = EventBridge(client, registry)
     async with contextlib.AsyncExitStack() as stack:
