@@ -58,6 +58,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/overhead.py | tee bench/out/overhead.json
 	$(BIN)/python bench/recovery.py | tee bench/out/recovery.json
 	$(BIN)/python bench/sdk_compare.py | tee bench/out/sdk_compare.json
+	$(BIN)/python bench/crash.py | tee bench/out/crash.json
 
 # Thousands of queued jobs on 4 slots: hours for the full list (docs/scale.md).
 bench-scale: $(STAMP)
