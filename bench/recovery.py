@@ -53,7 +53,7 @@ from temporalio.client import WorkflowHandle
 
 from shepherd.models import JobStatus
 from shepherd.phases import Phase
-from shepherd.platform import PlatformClient, PlatformError
+from shepherd.platform import PlatformError
 from shepherd.platform.models import JobEvent
 from shepherd.spec import JobSpec, validate_spec
 from shepherd.states import JobState
@@ -64,6 +64,7 @@ from shepherd.trainer_ids import owner_of
 from common import (
     BASE_MODEL,
     MAX_CONTEXT_LENGTH,
+    EventLog,
     Runner,
     direct_trainer,
     log,
@@ -105,46 +106,6 @@ PREEMPT_AFTER_STEP = 20
 
 def seconds_between(later: datetime, earlier: datetime) -> float:
     return (later - earlier).total_seconds()
-
-
-# ------------------------------------------------------------------------- event log
-
-
-class EventLog:
-    """Every state change of the bench account, as the platform pushed it (SSE), so the
-    platform's own times (RUNNING, FAILED, ...) are known without asking per job."""
-
-    def __init__(self) -> None:
-        self.events: list[JobEvent] = []
-        self._changed = asyncio.Event()
-
-    async def follow(self, client: PlatformClient) -> None:
-        last = 0  # a fresh account: replaying from the start means no event is missed
-        while True:
-            try:
-                async for event in client.watch_jobs(last_event_id=last):
-                    last = event.id
-                    self.events.append(event)
-                    self._changed.set()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - reconnect; the replay fills the gap
-                log(f"event log: reconnecting after {type(exc).__name__}")
-                await asyncio.sleep(0.2)
-
-    def of(self, job_id: str) -> list[JobEvent]:
-        return [e for e in self.events if e.job_id == job_id]
-
-    async def wait(self, check: Callable[[JobEvent], bool]) -> JobEvent:
-        """The first event (seen or to come) for which ``check`` holds; callers bound it."""
-        seen = 0
-        while True:
-            for event in self.events[seen:]:
-                if check(event):
-                    return event
-            seen = len(self.events)
-            self._changed.clear()
-            await self._changed.wait()
 
 
 # ----------------------------------------------------------------------------- stack

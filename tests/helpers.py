@@ -5,16 +5,40 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shepherd.platform import PlatformClient
 from shepherd.platform.models import CreateTrainerJobRequest, TrainerJob, TrainingConfig
 from shepherd.states import JobState
 from tests.tinker_http import Model, TinkerHTTP
 
+if TYPE_CHECKING:
+    from tests.workflows.conftest import Stack
+
 BASE_MODEL = "accounts/fireworks/models/qwen3-8b"
+
+
+def spec_data(name: str, /, **sections: Any) -> dict[str, Any]:
+    """A minimal valid job spec as data, named ``name``; each keyword replaces a section,
+    or is merged into it when both are mappings."""
+    base: dict[str, Any] = {
+        "name": name,
+        "trainer": {"base_model": BASE_MODEL},
+        "training": {"total_steps": 20},
+        "checkpoint": {"every_steps": 10},
+        "output": {"model_id": f"{name}-model"},
+    }
+    for key, value in sections.items():
+        base[key] = (
+            {**base[key], **value}
+            if isinstance(value, dict) and isinstance(base.get(key), dict)
+            else value
+        )
+    return base
 
 
 @dataclass
@@ -125,3 +149,28 @@ def trainer_pids(data_dir: Path) -> list[int]:
         if "localplane.trainer" in cmdline and marker in cmdline and "State:\tZ" not in status:
             pids.append(int(entry.name))
     return [p for p in pids if p != os.getpid()]
+
+
+async def run_cli(
+    *args: str,
+    stack: Stack | None = None,
+    address: str | None = None,
+    columns: int = 200,
+    timeout: float = 120,
+) -> subprocess.CompletedProcess[str]:
+    """``shepherd ARGS`` as a user runs it, against ``stack``'s Temporal and task queue (or
+    ``address``, e.g. one where nothing listens), ``columns`` wide."""
+    env = {**os.environ, "COLUMNS": str(columns)}
+    if stack is not None:
+        env["TEMPORAL_ADDRESS"] = stack.client.service_client.config.target_host
+        env["SHEPHERD_TASK_QUEUE"] = stack.task_queue
+    if address is not None:
+        env["TEMPORAL_ADDRESS"] = address
+    return await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "shepherd.cli.main", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )

@@ -14,23 +14,11 @@ from shepherd.jobs import check_workflow_id
 from shepherd.platform import rules
 from shepherd.spec import SpecError, apply_override, resolve_templates, validate_spec
 from shepherd.sweep import validate_sweep
+from tests.helpers import spec_data
 
 
 def _spec(**sections: Any) -> dict[str, Any]:
-    base: dict[str, Any] = {
-        "name": "ok",
-        "trainer": {"base_model": "accounts/fireworks/models/qwen3-8b"},
-        "training": {"total_steps": 20},
-        "checkpoint": {"every_steps": 10},
-        "output": {"model_id": "ok-model"},
-    }
-    for key, value in sections.items():
-        base[key] = (
-            {**base[key], **value}
-            if isinstance(value, dict) and isinstance(base.get(key), dict)
-            else value
-        )
-    return base
+    return spec_data("ok", **sections)
 
 
 def _refused(data: Any) -> dict[str, str]:

@@ -8,33 +8,20 @@ import asyncio
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from shepherd.phases import Phase
+from tests.helpers import run_cli
 from tests.workflows.conftest import Stack
 
 
 async def cli(
     stack: Stack, *args: str, timeout: float = 120, address: str | None = None
 ) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "TEMPORAL_ADDRESS": address or stack.client.service_client.config.target_host,
-        "SHEPHERD_TASK_QUEUE": stack.task_queue,
-        "COLUMNS": "200",
-    }
-    return await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-m", "shepherd.cli.main", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-    )
+    return await run_cli(*args, stack=stack, address=address, timeout=timeout)
 
 
 def write_spec(stack: Stack, tmp: Path, name: str, **sections: Any) -> Path:

@@ -15,26 +15,14 @@ from temporalio.client import WorkflowFailureError
 from shepherd.jobs import start_job
 from shepherd.phases import Phase
 from shepherd.spec import SpecError
+from tests.helpers import spec_data
 from tests.workflows import user_loops
 from tests.workflows.conftest import Stack, make_registry, worker_for
 from tests.workflows.test_recovery import SLOW, model_digest
 
 
 def _spec(**sections: Any) -> dict[str, Any]:
-    base: dict[str, Any] = {
-        "name": "bad",
-        "trainer": {"base_model": "accounts/fireworks/models/qwen3-8b"},
-        "training": {"total_steps": 20},
-        "checkpoint": {"every_steps": 10},
-        "output": {"model_id": "bad-model"},
-    }
-    for key, value in sections.items():
-        base[key] = (
-            {**base[key], **value}
-            if isinstance(value, dict) and isinstance(base.get(key), dict)
-            else value
-        )
-    return base
+    return spec_data("bad", **sections)
 
 
 INVALID: list[tuple[dict[str, Any], str]] = [

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -23,33 +21,12 @@ from temporalio.worker import Worker
 from shepherd.client import Shepherd, SubmissionRefused
 from shepherd.phases import Phase
 from shepherd.preflight import served_backends, worker_identity
+from tests.helpers import run_cli as cli
 from tests.workflows.conftest import Stack
 from workers.main import WORKFLOWS, activities_for
 
 #: A trainer slow enough that a job is surely live while a test looks at it.
 SLOW = {"extra_args": ["--compute-delay-ms=200"]}
-
-
-async def cli(
-    *args: str,
-    stack: Stack | None = None,
-    address: str | None = None,
-    columns: int = 200,
-) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": str(columns)}
-    if stack is not None:
-        env["TEMPORAL_ADDRESS"] = stack.client.service_client.config.target_host
-        env["SHEPHERD_TASK_QUEUE"] = stack.task_queue
-    if address is not None:
-        env["TEMPORAL_ADDRESS"] = address
-    return await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-m", "shepherd.cli.main", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
 
 
 def write(tmp: Path, name: str, data: dict[str, Any]) -> Path:
