@@ -24,6 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from localplane import catalog
 from localplane import checkpoints as ckpt
+from localplane import logs as trainer_logs
 from localplane.errors import (
     InvalidArgument,
     NotFound,
@@ -119,6 +120,25 @@ def _http_url(url: str) -> bool:
 
 def _token(offset: int) -> str:
     return base64.urlsafe_b64encode(json.dumps({"o": offset}).encode()).decode().rstrip("=")
+
+
+def _log_position(request: Request) -> trainer_logs.Position:
+    token = request.query_params.get("pageToken")
+    if not token:
+        return trainer_logs.Position()
+    try:
+        pos = json.loads(base64.urlsafe_b64decode(token.encode() + b"==="))
+        run, offset = pos["r"], pos["o"]
+        if not all(type(v) is int and 0 <= v <= MAX_SQL_INT for v in (run, offset)):
+            raise ValueError
+        return trainer_logs.Position(run, offset)
+    except (ValueError, KeyError, TypeError, RecursionError):
+        raise InvalidArgument("pageToken: not a token this server issued") from None
+
+
+def _log_token(pos: trainer_logs.Position) -> str:
+    raw = json.dumps({"r": pos.run, "o": pos.offset}).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
 def paginate(request: Request, items: list[Any]) -> tuple[list[Any], str]:
@@ -268,6 +288,29 @@ def create_app(plane: Plane) -> FastAPI:
                 yield {"id": str(event["id"]), "event": EVENT_TYPE, "data": json.dumps(event)}
 
         return EventSourceResponse(events(), ping=SSE_PING_S)
+
+    # Before the job's own GET, whose {j} would otherwise take "<job>:logs" for a job id.
+    @v1.get("/accounts/{a}/rlorTrainerJobs/{j}:logs")
+    async def read_logs(request: Request, rec: JobRecord = Depends(job_access)) -> dict[str, Any]:
+        """localplane extension (trainer-api.md §7): the trainer's output from a position."""
+        start, size = _log_position(request), _page_size(request)
+        trainer = plane.jobs.trainers.get((rec.account_id, rec.job_id))
+        live_run = trainer.generation if trainer is not None else None
+        # A file read of up to a MiB: off the event loop (it touches no SQLite).
+        page = await asyncio.to_thread(
+            trainer_logs.read_page,
+            plane.data_dir,
+            rec.account_id,
+            rec.job_id,
+            start,
+            size,
+            live_run,
+        )
+        return {
+            "logEntries": page.entries,
+            "nextPageToken": _log_token(page.next),
+            "caughtUp": page.caught_up,
+        }
 
     @v1.get("/accounts/{a}/rlorTrainerJobs/{j}")
     async def get_job(rec: JobRecord = Depends(job_access)) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from typing import Any
 
 import structlog
 
+from localplane import logs as trainer_logs
 from localplane.config import PlaneConfig
 from localplane.errors import AlreadyExists, FailedPrecondition, NotFound
 from localplane.events import EventBus
@@ -44,7 +45,16 @@ STOP_GRACE_S = 3.0
 #: Trainer processes kept started ahead of need (Python and NumPy imported: about a second
 #: on a small machine), so a granted slot serves within milliseconds plus the configured
 #: ``bootDelaySeconds``, which alone models a platform's boot. Filled from the first start.
-WARM_TRAINERS = 2
+#: One per slot, up to this many: jobs started together end together, and a burst of freed
+#: slots each wants a process at once (with 2 kept for 4 slots, the 3rd and 4th cold
+#: starts made the p95 of "slot freed -> next training" in bench/scale.py).
+WARM_TRAINERS = 4
+
+
+def warm_pool_size(capacity: int) -> int:
+    """Trainer processes kept warm for a plane of ``capacity`` slots."""
+    return min(max(capacity, 1), WARM_TRAINERS)
+
 
 MSG_PREEMPTED = "trainer preempted: its node was reclaimed (spot preemption); resume the job to get a new trainer"
 MSG_RESTARTED = (
@@ -398,7 +408,8 @@ class JobService:
         return taken
 
     async def _keep_warm(self) -> None:
-        while not self._stopping and len(self._warm) + self._warming < WARM_TRAINERS:
+        wanted = warm_pool_size(self._config().capacity)
+        while not self._stopping and len(self._warm) + self._warming < wanted:
             self._warming += 1
             try:
                 process = await self._exec_trainer([f"--warm={self.data_dir}"])
@@ -415,7 +426,7 @@ class JobService:
 
     async def _run_trainer(self, t: Trainer, rec: JobRecord) -> None:
         """Own one trainer process from spawn to exit."""
-        run_dir = self.data_dir / "trainers" / rec.account_id / rec.job_id / f"gen-{t.generation}"
+        run_dir = trainer_logs.run_dir(self.data_dir, rec.account_id, rec.job_id, t.generation)
         run_dir.mkdir(parents=True, exist_ok=True)
         config_path = run_dir / "config.json"
         config_path.write_text(self._trainer_config(rec).to_json())
@@ -438,9 +449,9 @@ class JobService:
         watchdog = self._spawn(self._start_watchdog(t))
         assert t.process.stdout is not None
         # A local append-only file: a blocking open here costs microseconds.
-        with open(run_dir / "trainer.log", "ab") as log_file:  # noqa: ASYNC230
+        with open(run_dir / trainer_logs.LOG_FILE, "ab") as log_file:  # noqa: ASYNC230
             async for line in t.process.stdout:
-                log_file.write(line)
+                log_file.write(trainer_logs.stamp(line, now_rfc3339()))
                 log_file.flush()
                 if t.port is None and line.startswith(READY_PREFIX.encode()):
                     t.port = int(json.loads(line[len(READY_PREFIX) :])["port"])

@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 
+from localplane.plane import API_KEY_FILE
 from localplane.process import PlaneProcess
 from shepherd import binaries, search_attributes
 from shepherd.temporal import TemporalSettings, connect, ensure_search_attributes
@@ -335,6 +336,8 @@ class DevStack:
             "temporal": self.temporal.address,
             "ui": self.temporal.ui_url,
             "plane": self.plane.url,
+            # Where the dev key is (never the key): `shepherd logs` reads the trainer's log.
+            "plane_api_key_file": str(self.plane.data_dir / API_KEY_FILE),
             "task_queue": self.task_queue,
             "pids": {
                 "temporal": self.temporal.proc.pid if self.temporal.proc else None,

@@ -51,7 +51,9 @@ async def shepherd() -> Any:
 STACK_FILE = "stack.json"
 
 
-def _dev_stack_ui() -> str | None:
+def dev_stack_info() -> dict[str, Any] | None:
+    """The addresses a running ``shepherd dev`` wrote, when it is the stack this command
+    talks to (the same Temporal address); else None."""
     path = Path(os.environ.get("SHEPHERD_STATE_DIR", ".shepherd")) / STACK_FILE
     try:
         info = json.loads(path.read_text())
@@ -60,7 +62,11 @@ def _dev_stack_ui() -> str | None:
     address = CONNECTION.address or os.environ.get("TEMPORAL_ADDRESS", "localhost:7233")
     if not isinstance(info, dict) or info.get("temporal") != address:
         return None  # that stack is not the one this command talks to
-    ui = info.get("ui")
+    return info
+
+
+def _dev_stack_ui() -> str | None:
+    ui = (dev_stack_info() or {}).get("ui")
     return ui if isinstance(ui, str) else None
 
 

@@ -105,9 +105,10 @@ def plane(
 
 
 def _register_user_commands() -> None:
-    from shepherd.cli import jobs, schedules, sweeps
+    from shepherd.cli import jobs, logs, schedules, sweeps
 
     jobs.register(app)
+    logs.register(app)
     app.add_typer(schedules.app, name="schedule")
     app.add_typer(sweeps.app, name="sweep")
 

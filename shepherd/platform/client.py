@@ -43,6 +43,7 @@ from shepherd.platform.models import (
     PromoteCheckpointResponse,
     TrainerJob,
     TrainerJobList,
+    TrainerLogPage,
     TrainerModelInfo,
     TrainingShapeVersion,
     TrainingShapeVersionList,
@@ -244,6 +245,19 @@ class PlatformClient:
     async def resume_job(self, job_id: str) -> TrainerJob:
         body = await self._t.request("POST", f"{await self._job_url(job_id)}:resume", json_body={})
         return TrainerJob.model_validate(body)
+
+    async def read_log(
+        self, job_id: str, *, page_token: str | None = None, page_size: int | None = None
+    ) -> TrainerLogPage:
+        """The trainer's output after ``page_token`` (from the start without one), across
+        every run of the job, also once it is deleted. A localplane extension (trainer-api.md
+        §7): a platform without it answers 404 for a job that exists."""
+        body = await self._t.request(
+            "GET",
+            f"{await self._job_url(job_id)}:logs",
+            params={"pageSize": page_size, "pageToken": page_token or None},
+        )
+        return TrainerLogPage.model_validate(body)
 
     # ------------------------------------------------------------- checkpoints
 

@@ -127,6 +127,24 @@ class CheckpointList(WireModel):
     next_page_token: str = ""
 
 
+class TrainerLogEntry(WireModel):
+    """One line of a trainer's output (localplane extension, trainer-api.md §7)."""
+
+    #: When the platform wrote it (None: a line the platform did not stamp).
+    time: datetime | None = None
+    #: The trainer process it came from: 1 for the job's first start, +1 per resume.
+    run: int = 0
+    text: str = ""
+
+
+class TrainerLogPage(WireModel):
+    log_entries: list[TrainerLogEntry] = Field(default_factory=list)
+    #: Where the next read starts; also once caught up, to get the lines written since.
+    next_page_token: str = ""
+    #: Every line written so far was returned.
+    caught_up: bool = True
+
+
 class TrainerShardingScheme(WireModel):
     pipeline_parallelism: int | None = None
 

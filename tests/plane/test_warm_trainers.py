@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from localplane.jobs import WARM_TRAINERS
+from localplane.jobs import warm_pool_size
 from localplane.process import PlaneProcess
 from shepherd.platform import PlatformClient
 from shepherd.states import JobState
@@ -26,6 +26,7 @@ async def _until(check, timeout: float = 30.0) -> None:  # type: ignore[no-untyp
 
 async def test_a_granted_slot_gets_a_warm_trainer(tmp_path: Path) -> None:
     plane = PlaneProcess(tmp_path / "plane", config={"capacity": 2}).start()
+    pool = warm_pool_size(2)  # one per slot
     try:
         async with PlatformClient(plane.url, plane.api_key) as client:
             account = Account("dev", plane.api_key, client)
@@ -35,7 +36,7 @@ async def test_a_granted_slot_gets_a_warm_trainer(tmp_path: Path) -> None:
             def warm() -> list[int]:
                 return [p for p in trainer_pids(plane.data_dir) if "--warm=" in _cmdline(p)]
 
-            await _until(lambda: len(warm()) == WARM_TRAINERS)
+            await _until(lambda: len(warm()) == pool)
             idle = set(warm())
 
             second = await running_trainer(account, "second")
@@ -43,7 +44,7 @@ async def test_a_granted_slot_gets_a_warm_trainer(tmp_path: Path) -> None:
             mine = [p for p in trainer_pids(plane.data_dir) if "--tag=dev-second-" in _cmdline(p)]
             assert len(mine) == 1 and mine[0] in idle  # one of the warm ones, now tagged
             assert "--config" in _cmdline(mine[0]) and "--warm=" not in _cmdline(mine[0])
-            await _until(lambda: len(warm()) == WARM_TRAINERS)  # and the pool is refilled
+            await _until(lambda: len(warm()) == pool)  # and the pool is refilled
 
             await first.api.aclose()
             await second.api.aclose()
