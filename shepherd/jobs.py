@@ -64,25 +64,27 @@ def static_summary(spec: JobSpec) -> str:
 
 
 def claimed_model(spec: JobSpec) -> str | None:
-    """The output model id the job claims while it is live (a schedule's templated id is
-    only known per run, so it claims nothing up front)."""
+    """The output model id the job claims while it is live, from submission (a schedule's
+    templated id is only known per run: the run claims it itself, see activities/claims.py)."""
     model_id = spec.output.model_id
     if spec.output.promote == "none" or not model_id or is_template(model_id):
         return None
     return model_id
 
 
-def job_search_attributes(spec: JobSpec, *extra: SearchAttributePair[Any]) -> TypedSearchAttributes:
+def job_search_attributes(
+    spec: JobSpec, *extra: SearchAttributePair[Any], claim: bool = True
+) -> TypedSearchAttributes:
     """What a job is found by from its first moment: phase PENDING, name, labels, the
-    output model it claims (+ extra)."""
-    model_id = claimed_model(spec)
-    claim = [SearchAttributePair(sa.OUTPUT_MODEL, model_id)] if model_id else []
+    output model it claims unless ``claim`` is off (+ extra)."""
+    model_id = claimed_model(spec) if claim else None
+    claims = [SearchAttributePair(sa.OUTPUT_MODEL, model_id)] if model_id else []
     return TypedSearchAttributes(
         [
             SearchAttributePair(sa.PHASE, Phase.PENDING.value),
             SearchAttributePair(sa.JOB_NAME, spec.name),
             SearchAttributePair(sa.LABELS, spec.label_keywords()),
-            *claim,
+            *claims,
             *extra,
         ]
     )

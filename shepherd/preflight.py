@@ -11,7 +11,9 @@ the check and the start happen under a short lock: a workflow whose id is derive
 model id, on a task queue no worker polls (it never runs; Temporal's one-running-workflow-
 per-id rule is the mutex, strongly consistent where visibility is not). The lock is held
 until the new workflow shows in the visibility query, so whoever takes it next sees the
-claim; it times out by itself if a submitter dies holding it.
+claim; it times out by itself if a submitter dies holding it. A schedule's run knows its
+model id only once its templates are filled, so it claims the id itself when it starts,
+through this same check and lock (activities/claims.py).
 
 Backends. A worker advertises the backend profiles it knows in its Temporal identity
 (:func:`worker_identity`); a submission asks the task queue's pollers (one cheap RPC). With
@@ -150,10 +152,15 @@ def claim_query(model_id: str) -> str:
     return f'{sa.OUTPUT_MODEL.name} = {_quote(model_id)} AND ExecutionStatus = "Running"'
 
 
-async def claim_holder(client: Client, model_id: str) -> tuple[str, str | None] | None:
-    """The live job or sweep claiming ``model_id`` (workflow id, phase), if any."""
+async def claim_holder(
+    client: Client, model_id: str, *, exclude: str | None = None
+) -> tuple[str, str | None] | None:
+    """The live job or sweep claiming ``model_id`` (workflow id, phase), if any, other than
+    the workflow ``exclude`` (a scheduled run checking for others)."""
     try:
         async for ex in client.list_workflows(claim_query(model_id), limit=10):
+            if ex.id == exclude:
+                continue
             # Visibility may lag: a run that has just closed can still be listed, or the
             # next run after a continue-as-new not yet. The workflow's current run is what
             # counts.
@@ -175,8 +182,10 @@ async def claim_holder(client: Client, model_id: str) -> tuple[str, str | None] 
     return None
 
 
-async def check_unclaimed(client: Client, model_id: str, field: str) -> None:
-    holder = await claim_holder(client, model_id)
+async def check_unclaimed(
+    client: Client, model_id: str, field: str, *, exclude: str | None = None
+) -> None:
+    holder = await claim_holder(client, model_id, exclude=exclude)
     if holder is not None:
         workflow_id, phase = holder
         raise SubmissionRefused(
@@ -186,14 +195,15 @@ async def check_unclaimed(client: Client, model_id: str, field: str) -> None:
         )
 
 
-async def _lock(client: Client, model_id: str) -> WorkflowHandle[Any, Any]:
+async def take_lock(client: Client, model_id: str) -> WorkflowHandle[Any, Any]:
+    """The claim lock of ``model_id``, waiting up to LOCK_WAIT while another holds it."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + LOCK_WAIT.total_seconds()
     while True:
         try:
             return await client.start_workflow(
                 CLAIM_LOCK_TYPE,
-                id=f"shepherd-claim-{model_id}",
+                id=lock_id(model_id),
                 task_queue=CLAIM_QUEUE,
                 execution_timeout=LOCK_TIMEOUT,
                 id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
@@ -211,7 +221,22 @@ async def _lock(client: Client, model_id: str) -> WorkflowHandle[Any, Any]:
             await asyncio.sleep(0.1)
 
 
-async def _until_visible(client: Client, model_id: str, workflow_id: str) -> None:
+async def release_lock(client: Client, model_id: str, run_id: str | None) -> None:
+    """End the lock run ``run_id`` (only that one: once it has timed out, the lock may be
+    another claimant's)."""
+    with contextlib.suppress(RPCError):
+        await client.get_workflow_handle(lock_id(model_id), run_id=run_id).terminate(
+            "claim settled"
+        )
+
+
+def lock_id(model_id: str) -> str:
+    return f"shepherd-claim-{model_id}"
+
+
+async def until_visible(client: Client, model_id: str, workflow_id: str) -> None:
+    """Wait (at most VISIBLE_WAIT) until ``workflow_id``'s claim of ``model_id`` shows in
+    visibility, so whoever takes the lock next sees it."""
     # Not filtered on status: a run that has ended already by now needs no claim either.
     query = f"WorkflowId = {_quote(workflow_id)} AND {sa.OUTPUT_MODEL.name} = {_quote(model_id)}"
     with contextlib.suppress(TimeoutError):
@@ -231,15 +256,14 @@ async def claimed(client: Client, model_id: str | None, field: str) -> AsyncIter
     if model_id is None:
         yield started
         return
-    lock = await _lock(client, model_id)
+    lock = await take_lock(client, model_id)
     try:
         await check_unclaimed(client, model_id, field)
         yield started
         for workflow_id in started:
-            await _until_visible(client, model_id, workflow_id)
+            await until_visible(client, model_id, workflow_id)
     finally:
-        with contextlib.suppress(RPCError):
-            await lock.terminate("claim settled")
+        await release_lock(client, model_id, lock.result_run_id)
 
 
 async def start_guarded(

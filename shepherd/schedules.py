@@ -6,6 +6,16 @@ refer to the run's scheduled time, e.g. ``output.model_id: nightly-{scheduled_ti
 or a dataset path by date; the templates are filled per run. A spec is validated at
 creation by filling its templates with the current time, so a broken one never reaches a
 schedule.
+
+Model ids. A run claims its filled-in ``output.model_id`` when it starts, before anything is
+provisioned, with the same check and lock as a submission: if another live job, sweep or run
+holds the id, the run fails at once (``ModelClaimed``, naming the holder). The overlap policy
+decides whether runs of one schedule are live together at all: ``skip``, ``buffer_one`` and
+``cancel_other`` never start a run while the previous one is live (``cancel_other`` waits for
+the cancelled run to end), so they never collide; ``allow_all`` (and backfills) let runs
+overlap but not share a model id — runs whose templates fill to the same id (a date-only
+template on an hourly schedule, a fixed id) are refused while the holder is live, and runs
+with distinct ids overlap freely.
 """
 
 from __future__ import annotations
@@ -170,7 +180,10 @@ class Schedules:
         if overlap not in OVERLAP:
             raise input_error("overlap", "must be one of " + ", ".join(OVERLAP), "schedule")
         template = prepare_template(spec, name)
-        attrs = job_search_attributes(template, SearchAttributePair(sa.SCHEDULE, name))
+        # Each run claims its model id itself, once its templates are filled, and only after
+        # checking no other live job holds it; a claim set at start (a fixed id) would make two
+        # runs starting together (a backfill, allow_all) refuse each other.
+        attrs = job_search_attributes(template, SearchAttributePair(sa.SCHEDULE, name), claim=False)
         action = ScheduleActionStartWorkflow(
             WORKFLOW_TYPE,
             JobInput(spec=template, templated=True),

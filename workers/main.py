@@ -24,6 +24,7 @@ from temporalio.service import RPCError
 from temporalio.worker import PollerBehaviorSimpleMaximum, Worker
 
 from activities.checkpoints import CheckpointActivities
+from activities.claims import ClaimActivities
 from activities.promotion import PromotionActivities
 from activities.provisioning import ProvisioningActivities
 from activities.readiness import ReadinessActivities
@@ -54,6 +55,7 @@ def activities_for(registry: BackendRegistry) -> list[Callable[..., Any]]:
         RecoveryActivities(registry),
         PromotionActivities(registry),
         SweepActivities(),
+        ClaimActivities(),  # uses the worker's Temporal client
     ]
     found = []
     for group in groups:
