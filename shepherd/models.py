@@ -11,6 +11,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from shepherd.curves import CurvePoint
 from shepherd.phases import Phase
 from shepherd.spec import JobSpec, TrainerSpec
 
@@ -293,6 +294,8 @@ class JobStatus(Model):
     name: str = ""
     labels: dict[str, str] = Field(default_factory=dict)
     phase: Phase = Phase.PENDING
+    #: While RECOVERING: the step of bringing the trainer back (QUEUED, SCHEDULING, PREPARING).
+    stage: Phase | None = None
     platform_state: str | None = None
     platform_message: str = ""
     backend: str = ""
@@ -304,6 +307,10 @@ class JobStatus(Model):
     last_loss: float | None = None
     eval_metric: str = "eval_loss"
     eval_value: float | None = None
+    #: The loss of each chunk (its mean, at its last step) and ``eval_metric`` at each
+    #: evaluation; bounded (``shepherd.curves``).
+    loss_curve: list[CurvePoint] = Field(default_factory=list)
+    eval_curve: list[CurvePoint] = Field(default_factory=list)
     checkpoints: list[CheckpointRecord] = Field(default_factory=list)
     best: CheckpointRecord | None = None
     preemptions: int = 0
@@ -325,12 +332,17 @@ class JobStatus(Model):
     notices: list[str] = Field(default_factory=list)
 
     @property
+    def phase_label(self) -> str:
+        """The phase, with the recovery's step while RECOVERING: ``RECOVERING (SCHEDULING)``."""
+        return f"{self.phase.value} ({self.stage.value})" if self.stage else self.phase.value
+
+    @property
     def last_checkpoint(self) -> CheckpointRecord | None:
         return self.checkpoints[-1] if self.checkpoints else None
 
     def summary(self) -> str:
         """One readable paragraph for the Web UI's current details."""
-        parts = [f"**{self.phase.value}** · step {self.step}/{self.total_steps}"]
+        parts = [f"**{self.phase_label}** · step {self.step}/{self.total_steps}"]
         if self.last_loss is not None:
             parts.append(f"loss {self.last_loss:.4f}")
         if self.eval_value is not None:

@@ -33,12 +33,14 @@ from temporalio.exceptions import (
 
 with workflow.unsafe.imports_passed_through():
     from activities.checkpoints import CheckpointActivities
+    from activities.claims import MODEL_CLAIMED, ClaimActivities, ClaimInput
     from activities.promotion import PromotionActivities
     from activities.provisioning import ProvisioningActivities
     from activities.readiness import ReadinessActivities
     from activities.recovery import RecoveryActivities
     from activities.training import TrainingActivities
     from shepherd import search_attributes as sa
+    from shepherd.curves import add_point
     from shepherd.models import (
         MAX_NOTICES,
         CarriedFlags,
@@ -84,6 +86,8 @@ _RUNNING = {JobState.RUNNING.value}
 _PLACED = {JobState.CREATING.value, JobState.RUNNING.value}
 _RESUMABLE_OR_RUNNING = {s.value for s in JobState if s.is_resumable()} | _RUNNING
 _DEAD = {s.value for s in JobState if s.is_resumable() or s.is_gone()}
+#: The steps of bringing a trainer up; during a recovery they show as RECOVERING.
+_COMING_UP = frozenset({Phase.QUEUED, Phase.SCHEDULING, Phase.PREPARING})
 #: A trainer that died with these codes was refused by the platform (its configuration, its
 #: data): another trainer would die the same way, so the job fails at once, in its words.
 _REFUSED_CODES = {"INVALID_ARGUMENT", "FAILED_PRECONDITION"}
@@ -193,6 +197,11 @@ class TrainingJobWorkflow:
         self._resume_checked = False
         self._phase_since = workflow.now()
         self._published_phase: Phase | None = None
+        #: What the lifecycle is doing; the public phase differs only while recovering.
+        self._stage: Phase = self.s.phase
+        #: A recovery is bringing the trainer back: its QUEUED/SCHEDULING/PREPARING show as
+        #: RECOVERING (with the step in ``status.stage``), since that is what the user waits for.
+        self._recovering = False
         self._queue = self.spec.scheduling.queue
         # spec priority 10 (most urgent) .. 0 -> Temporal priority key 1 .. 5 (lower runs first)
         self._priority = Priority(priority_key=5 - round(self.spec.scheduling.priority * 4 / 10))
@@ -278,6 +287,8 @@ class TrainingJobWorkflow:
         if not self._carried:
             if self._templated:
                 self._fill_templates()
+                if workflow.patched("claim-templated-model-id"):
+                    await self._claim_model()
             if self.spec.trainer.training_shape and self._shape_version is None:
                 shape = await self._act(
                     ProvisioningActivities.resolve_shape,
@@ -329,6 +340,33 @@ class TrainingJobWorkflow:
         self._templated = False
         self.s.labels = self.spec.labels
         self._upsert([sa.LABELS.value_set(self.spec.label_keywords())])
+
+    async def _claim_model(self) -> None:
+        """A scheduled run's model id is known only now: claim it as a submission would,
+        before anything is provisioned, so a second live job with the same id fails here and
+        not at promotion. Set after the check (under the claim lock, see activities/claims.py),
+        so that of two runs starting together one wins."""
+        model_id = self.spec.output.model_id
+        if self.spec.output.promote == "none" or not model_id or not self._visible:
+            return  # nothing is promoted, or no search attributes to claim with
+        try:
+            lock = await self._act(
+                ClaimActivities.take_model_claim,
+                ClaimInput(model_id=model_id),
+                self.pol.lookup,
+                f"claim output model {model_id}",
+            )
+        except ActivityError as err:
+            root = _root(err)
+            if getattr(root, "type", None) == MODEL_CLAIMED:
+                raise _Terminal(
+                    Phase.FAILED, MODEL_CLAIMED, getattr(root, "message", str(root))
+                ) from None
+            raise
+        self._upsert([sa.OUTPUT_MODEL.value_set(model_id)])
+        await self._act(
+            ClaimActivities.settle_model_claim, lock, self.pol.lookup, "publish the model claim"
+        )
 
     # ====================================================== provisioning
 
@@ -465,7 +503,7 @@ class TrainingJobWorkflow:
             return None
 
         def event_says() -> bool:
-            if self._pause_requested and self.s.phase is not Phase.RECOVERING:
+            if self._pause_requested and self._stage is not Phase.RECOVERING:
                 return True
             if self._event_state in targets:
                 return True
@@ -487,7 +525,7 @@ class TrainingJobWorkflow:
         handle.cancel()
         with contextlib.suppress(ActivityError):
             await handle
-        if self._pause_requested and self.s.phase is not Phase.RECOVERING:
+        if self._pause_requested and self._stage is not Phase.RECOVERING:
             raise _PauseNow()
         if self._event_state in targets:
             return None
@@ -509,6 +547,9 @@ class TrainingJobWorkflow:
             self.s.step = result.last_step
             if result.last_loss is not None:
                 self.s.last_loss = result.last_loss
+            loss = result.mean_loss if result.mean_loss is not None else result.last_loss
+            if loss is not None:
+                add_point(self.s.loss_curve, result.last_step, loss)
             self.s.route_races += result.route_races
             self._upsert([sa.STEP.value_set(self.s.step)])
             self._publish()
@@ -681,6 +722,7 @@ class TrainingJobWorkflow:
                 f"checkpoint.metric: the trainer's evaluation reports {sorted(result.metrics)}, not {metric!r}",
             )
         self.s.eval_value = result.metrics[metric]
+        add_point(self.s.eval_curve, self.s.step, self.s.eval_value)
         return result.metrics[metric]
 
     async def _prune(self) -> None:
@@ -761,6 +803,7 @@ class TrainingJobWorkflow:
         else:
             self._event_state = None  # unknown: ask the platform, do not trust an old event
         self._set_phase(Phase.RECOVERING)
+        self._recovering = workflow.patched("phase-stays-recovering")
         self._to_load = self._recovery_checkpoint()
         fallback = self.pol.fallback_to_on_demand_after
         if self._preemptible and fallback is not None and self.s.preemptions >= fallback:
@@ -787,7 +830,10 @@ class TrainingJobWorkflow:
                     "resume the trainer",
                 )
                 self._observe(resumed)
+            if self._recovering:  # (only the stage changes: no command)
+                self._set_phase(Phase.QUEUED)
             await self._come_up()
+        self._recovering = False
         record.resumed_from_step = self.s.step
         record.steps_redone = max(0, at_step - self.s.step)
         record.duration_s = (workflow.now() - started).total_seconds()
@@ -1048,6 +1094,12 @@ class TrainingJobWorkflow:
             self.s.timings.get(self.s.phase.value, 0.0) + elapsed, 3
         )
         self._phase_since = now
+        self._stage = phase
+        if self._recovering and phase in _COMING_UP:
+            self.s.stage, phase = phase, Phase.RECOVERING
+        else:
+            self._recovering = self._recovering and phase is Phase.RECOVERING
+            self.s.stage = None
         self.s.phase = phase
         self._publish()
 

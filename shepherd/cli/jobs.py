@@ -146,12 +146,30 @@ def register(app: typer.Typer) -> None:
         run(go())
 
     @app.command()
-    def status(workflow_id: str, as_json: JsonOption = False) -> None:
-        """The job's status: phase, platform state, step, loss, checkpoints, recoveries, error."""
+    def status(
+        workflow_id: str,
+        plot: Annotated[
+            bool,
+            typer.Option("--plot", help="Draw the training loss and eval curves in the terminal."),
+        ] = False,
+        png: Annotated[
+            Path | None,
+            typer.Option(
+                "--png", help="Write the curves to this PNG file (needs the 'plots' extra)."
+            ),
+        ] = None,
+        as_json: JsonOption = False,
+    ) -> None:
+        """The job's status: phase, platform state, step, loss, checkpoints, recoveries, error;
+        its curves with --plot or --png (and always in --json)."""
+        from shepherd.cli import plots
+
+        plots.check_options(plot=plot, png=png, as_json=as_json)
 
         async def go() -> None:
             st = await (await shepherd()).get(workflow_id).status()
             print_json(st) if as_json else show_status(st)
+            plots.show(plots.job_panels(st), plot=plot, png=png, title=workflow_id, quiet=as_json)
 
         run(go())
 

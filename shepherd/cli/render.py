@@ -81,7 +81,7 @@ def show_status(status: JobStatus) -> None:
     table = Table(show_header=False, box=None, pad_edge=False)
     rows: list[tuple[str, str]] = [
         ("job", status.workflow_id),
-        ("phase", f"[bold]{status.phase.value}[/bold]"),
+        ("phase", f"[bold]{status.phase_label}[/bold]"),
         ("platform", f"{status.platform_state or '-'}  {status.platform_message}".rstrip()),
         ("trainer", f"{status.trainer_job_id or '-'} (generation {status.generation})"),
         ("step", f"{status.step}/{status.total_steps}"),
@@ -121,7 +121,7 @@ def outcome_line(status: JobStatus) -> str:
 
 def progress_line(status: JobStatus) -> str:
     """One plain line per change of a watched job (for logs and pipes)."""
-    parts = [f"{status.phase.value:<13}", f"step {status.step}/{status.total_steps}"]
+    parts = [f"{status.phase_label:<13}", f"step {status.step}/{status.total_steps}"]
     if status.last_loss is not None:
         parts.append(f"loss {status.last_loss:.4f}")
     if status.platform_state:
@@ -134,7 +134,7 @@ def progress_line(status: JobStatus) -> str:
 async def watch_progress(updates: AsyncIterator[JobStatus]) -> JobStatus:
     """A live bar: phase, step/total, loss, ETA, recoveries. Returns the final status."""
     columns = (
-        TextColumn("{task.fields[phase]:<13}"),
+        TextColumn("{task.fields[phase]:<24}"),
         BarColumn(),
         TaskProgressColumn(),
         TextColumn(
@@ -155,7 +155,7 @@ async def watch_progress(updates: AsyncIterator[JobStatus]) -> JobStatus:
             progress.update(
                 bar,
                 completed=status.step,
-                phase=status.phase.value,
+                phase=status.phase_label,
                 loss=f"{status.last_loss:.3f}" if status.last_loss is not None else "-",
                 recoveries=f"recoveries {len(status.recoveries)}" if status.recoveries else "",
             )

@@ -99,12 +99,27 @@ def submit(
 
 
 @app.command()
-def status(workflow_id: str, as_json: JsonOption = False) -> None:
-    """A table of trials (parameters, metric, state) and the best."""
+def status(
+    workflow_id: str,
+    plot: Annotated[
+        bool, typer.Option("--plot", help="Draw every trial's eval curve on one terminal plot.")
+    ] = False,
+    png: Annotated[
+        Path | None,
+        typer.Option("--png", help="Write that plot to this PNG file (needs the 'plots' extra)."),
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """A table of trials (parameters, metric, state) and the best; with --plot or --png,
+    every trial's metric at its evaluated checkpoints on one plot."""
+    from shepherd.cli import plots
+
+    plots.check_options(plot=plot, png=png, as_json=as_json)
 
     async def go() -> None:
         st = await (await shepherd()).get_sweep(workflow_id).status()
         print_json(st) if as_json else show(st)
+        plots.show(plots.sweep_panels(st), plot=plot, png=png, title=workflow_id, quiet=as_json)
 
     run(go())
 

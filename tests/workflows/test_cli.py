@@ -24,6 +24,12 @@ async def cli(
     return await run_cli(*args, stack=stack, address=address, timeout=timeout)
 
 
+def assert_png(path: Path) -> None:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(data) > 10_000  # a drawn figure, not an empty image
+
+
 def write_spec(stack: Stack, tmp: Path, name: str, **sections: Any) -> Path:
     path = tmp / f"{name}.yaml"
     path.write_text(
@@ -67,6 +73,15 @@ async def test_submit_watch_status_list_checkpoints(stack: Stack, tmp_path: Path
     assert status["phase"] == Phase.COMPLETED.value and status["step"] == 20
     human = await cli(stack, "status", workflow_id)
     assert human.returncode == 0 and "COMPLETED" in human.stdout and "team=cli-test" in human.stdout
+    # The curves: in the JSON; drawn as plain text (not a terminal) and as a PNG.
+    assert [p["step"] for p in status["loss_curve"]] == [10, 20]
+    assert [p["step"] for p in status["eval_curve"]] == [10, 20]
+    png = tmp_path / "curves.png"
+    plotted = await cli(stack, "status", workflow_id, "--plot", "--png", str(png))
+    assert plotted.returncode == 0, plotted.stderr
+    assert "training loss" in plotted.stdout and "eval_loss (at each" in plotted.stdout
+    assert "\x1b[" not in plotted.stdout and "recorded yet" not in plotted.stdout
+    assert_png(png)
 
     listed = json.loads(
         (
@@ -191,6 +206,17 @@ async def test_schedule_and_sweep_commands(stack: Stack, tmp_path: Path) -> None
     swept = await cli(stack, "sweep", "submit", str(sweep), "--watch")
     assert swept.returncode == 0, swept.stdout + swept.stderr
     assert "best: trial" in swept.stdout and "promoted: " in swept.stdout
+    sweep_id = next(
+        w.split()[2] for w in swept.stdout.splitlines() if w.startswith("submitted sweep")
+    )
+    png = tmp_path / "sweep.png"
+    plotted = await cli(stack, "sweep", "status", sweep_id, "--plot", "--png", str(png))
+    assert plotted.returncode == 0, plotted.stderr
+    # Every trial on one plot, the key naming each by its mark and the best.
+    assert "eval_loss per trial" in plotted.stdout
+    assert "• trial 0" in plotted.stdout and "x trial 1" in plotted.stdout
+    assert "(best)" in plotted.stdout
+    assert_png(png)
 
 
 async def test_watched_progress_moves_within_a_chunk(stack: Stack) -> None:

@@ -147,6 +147,13 @@ async def test_continue_as_new_keeps_a_long_job_going(stack: Stack) -> None:
     runs = [w async for w in stack.client.list_workflows(f'WorkflowId = "{handle.id}"')]
     assert len(runs) == result.continued_as_new + 1
     assert result.cleanup == "done"
+    # The curves came across every continue-as-new: a loss for each chunk of every run, and
+    # the metric of each evaluated checkpoint (the kept ones hold the same values).
+    assert [p.step for p in result.loss_curve] == list(range(1, 41))
+    assert result.loss_curve[-1].value == result.last_loss
+    assert [p.step for p in result.eval_curve] == [10, 20, 30, 40]
+    measured = {p.step: p.value for p in result.eval_curve}
+    assert result.checkpoints and all(measured[c.step] == c.metric for c in result.checkpoints)
 
 
 async def test_user_tinker_loop_survives_a_preemption_with_identical_weights(
