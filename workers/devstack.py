@@ -145,6 +145,24 @@ def stop_process(
 TIMER_FLAGS = ["--dynamic-config-value", 'history.timerProcessorMaxTimeShift="10ms"']
 
 
+def spawn_logged(
+    cmd: list[str], log_path: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start a part of the stack with its output appended to ``log_path``, in its own session:
+    Ctrl-C on the terminal is for `shepherd dev`, which stops the parts in order; so whatever
+    stops start-up must stop this one too. Call it inside ``SIGNALS.deferred()`` and store
+    the process there: a stop signal must not land between the start and the store."""
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
+
+
 @dataclass
 class TemporalServer:
     state_dir: Path
@@ -191,16 +209,8 @@ class TemporalServer:
         if self.namespace != "default":
             cmd += ["--namespace", self.namespace]
         try:
-            with open(self.state_dir / "logs" / "temporal.log", "ab") as log, SIGNALS.deferred():
-                # Its own session: Ctrl-C on the terminal is for `shepherd dev`, which stops
-                # the parts in order; so whatever stops start-up must stop this one too.
-                self.proc = subprocess.Popen(
-                    cmd,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,
-                )
+            with SIGNALS.deferred():
+                self.proc = spawn_logged(cmd, self.state_dir / "logs" / "temporal.log")
             wait_until(lambda: tcp_open(self.ip, self.port), "the Temporal server", proc=self.proc)
             if not self.headless:
                 wait_until(lambda: http_ok(self.ui_url), "the Temporal Web UI", proc=self.proc)
@@ -266,15 +276,8 @@ class WorkerProcess:
         }
         command = [sys.executable, "-m", "shepherd.cli.main", "worker", "--ready-file", str(ready)]
         try:
-            with open(self.state_dir / "logs" / "worker.log", "ab") as log, SIGNALS.deferred():
-                self.proc = subprocess.Popen(
-                    command,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    env=env,
-                    start_new_session=True,
-                )
+            with SIGNALS.deferred():
+                self.proc = spawn_logged(command, self.state_dir / "logs" / "worker.log", env=env)
             wait_until(ready.exists, "the worker", proc=self.proc)
         except BaseException:
             self.stop()
