@@ -25,12 +25,11 @@ from starlette.responses import Response
 
 from localplane.config import PlaneConfig
 from localplane.errors import error_response
+from localplane.trainer.dialects import DIALECT_HEADER, OP_HEADER
 
 #: Upstream timeout: training calls may take long with an emulated compute delay.
 UPSTREAM_TIMEOUT_S = 900.0
 #: Response headers a trainer sets: which Tinker operation and dialect it served.
-OP_HEADER = "x-localplane-op"
-DIALECT_HEADER = "x-localplane-dialect"
 _HOP_HEADERS = {"host", "content-length", "connection", "keep-alive", "transfer-encoding"}
 
 

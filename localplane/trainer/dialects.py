@@ -21,6 +21,9 @@ from localplane.errors import InvalidArgument, PlaneError
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
+#: Every trainer answer names its operation and dialect; the gateway counts them by these.
+OP_HEADER = "x-localplane-op"
+DIALECT_HEADER = "x-localplane-dialect"
 
 
 class UnsupportedMediaType(PlaneError):

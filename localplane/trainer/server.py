@@ -32,10 +32,10 @@ from starlette.routing import Route
 
 from localplane.auth import api_key
 from localplane.errors import PlaneError, error_response
-from localplane.gateway import DIALECT_HEADER, OP_HEADER
 from localplane.serving import ReadyServer, bind
 from localplane.trainer import dialects
 from localplane.trainer.core import SEQUENCED, TrainerConfig, TrainerService
+from localplane.trainer.dialects import DIALECT_HEADER, OP_HEADER
 
 #: Exit code of a trainer that stopped itself after the inactivity timeout.
 EXIT_IDLE = 75
