@@ -636,6 +636,7 @@ async def run_one(n: int, timeout_s: float, args: argparse.Namespace) -> dict[st
                 histories=histories,
                 events=list(events.events),
                 plane_stats=plane_stats,
+                slots=args.slots,
             )
             report.update(
                 submitted_s=r3(submitted_s),
@@ -887,16 +888,31 @@ def first_training(slot: Slot, owner: History | None, t0: datetime) -> float | N
     return None
 
 
-def jobs_per_minute(closes: list[float], end_s: float) -> dict[str, float | None]:
-    """``steady``: completions after the first per minute, first to last completion (the
-    pipeline's throughput once full; the table's figure); ``overall``: completions per
-    minute from t0 to the end of the run (adds one job's latency at the start)."""
+def jobs_per_minute(closes: list[float], end_s: float, slots: int) -> dict[str, float | None]:
+    """Completions per minute, three ways.
+
+    ``steady`` (the table's figure): completions after the ``slots``-th per minute, from the
+    ``slots``-th completion to the last. All slots start together at t0, so the first
+    ``slots`` completions close one cycle of every slot at once; from there each completion
+    is one more cycle of some slot, and the window holds whole cycles at any N.
+    ``first_to_last``: completions after the first, first to last completion. It counts
+    the first wave's other ``slots - 1`` completions without their cycle, which overstates
+    small runs (N = 20 on 4 slots: 19 completions in the time of 16, +19 %) and barely
+    touches large ones (N = 1,000: +0.3 %).
+    ``overall``: completions per minute from t0 to the end of the run (adds one job's
+    latency at the start). None where the window holds no completion."""
     closes = sorted(closes)
-    steady = None
-    if len(closes) >= 2 and closes[-1] > closes[0]:
-        steady = round((len(closes) - 1) / ((closes[-1] - closes[0]) / 60), 1)
-    overall = round(len(closes) / (end_s / 60), 1) if end_s > 0 else None
-    return {"steady": steady, "overall": overall}
+
+    def rate(first: int) -> float | None:
+        if len(closes) - first < 2 or closes[-1] <= closes[first]:
+            return None
+        return round((len(closes) - 1 - first) / ((closes[-1] - closes[first]) / 60), 1)
+
+    return {
+        "steady": rate(max(0, slots - 1)),
+        "first_to_last": rate(0),
+        "overall": round(len(closes) / (end_s / 60), 1) if end_s > 0 else None,
+    }
 
 
 def analyse(
@@ -911,6 +927,7 @@ def analyse(
     histories: dict[str, History],
     events: list[JobEvent],
     plane_stats: dict[str, Any],
+    slots: int,
 ) -> dict[str, Any]:
     wid_to_name = {wid: name for name, wid in started.items()}
     owner_of = owners(histories.values())
@@ -977,7 +994,7 @@ def analyse(
             lags[state].append(lag)
             delivered[(trainer, event_id)] += 1
 
-    rates = jobs_per_minute(closes, drained_s if drained_s is not None else end_s)
+    rates = jobs_per_minute(closes, drained_s if drained_s is not None else end_s, slots)
     freed = stats_of(gaps)
     row = {
         "jobs": n,
@@ -1073,9 +1090,12 @@ METHOD = {
     ),
     "drained": "last workflow close time (visibility) - t0, when every workflow closed "
     "before the timeout; else 'not in T s'",
-    "jobs_per_min": "steady throughput: (completed - 1) / (last completion - first completion) "
-    "x 60, completed = workflow COMPLETED with the job's phase COMPLETED; 'overall' beside it: "
-    "completed / (drained or run time) x 60",
+    "jobs_per_min": "steady throughput: (completed - slots) / (last completion - the "
+    "slots-th completion) x 60, completed = workflow COMPLETED with the job's phase "
+    "COMPLETED (every slot starts at t0, so the slots-th completion ends the first wave and "
+    "the window holds whole slot cycles); beside it 'first_to_last': (completed - 1) / (last "
+    "- first completion) x 60, which counts the first wave's other completions without their "
+    "cycle (+19 % at N = 20 on 4 slots), and 'overall': completed / (drained or run time) x 60",
     "slot_held": "per trainer, from the plane's placement (its PENDING -> CREATING event: "
     "slot granted) to the event that it left CREATING/RUNNING/DELETING (DELETED when the "
     "process has exited; the plane frees the slot then), from the plane's event stream "
@@ -1162,11 +1182,19 @@ def targets(runs: dict[int, dict[str, Any]]) -> dict[str, Any]:
         )
     else:
         a, b = hi["jobs_per_min"]["steady"], lo["jobs_per_min"]["steady"]
+
+        def ratio(kind: str) -> float | None:
+            x, y = hi["jobs_per_min"].get(kind), lo["jobs_per_min"].get(kind)
+            return None if not x or not y else round(x / y, 3)
+
         out["jobs_per_min_n1000_ge_80pct_of_n20"] = {
             "n1000": a,
             "n20": b,
-            "ratio": None if not a or not b else round(a / b, 3),
+            "ratio": ratio("steady"),
             "met": bool(a and b) and a >= TARGET_JPM_RATIO * b,
+            # The same ratio by the other two measures (see method.jobs_per_min).
+            "ratio_first_to_last": ratio("first_to_last"),
+            "ratio_overall": ratio("overall"),
         }
     rss = runs.get(TARGET_RSS_N)
     out[f"worker_rss_lt_{TARGET_RSS_MIB:g}mib_at_n{TARGET_RSS_N}"] = (

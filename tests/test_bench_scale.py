@@ -100,7 +100,20 @@ def test_a_trainer_belongs_to_the_workflow_that_recorded_it_else_the_longest_pre
 
 
 def test_jobs_per_minute_steady_leaves_out_the_first_jobs_latency() -> None:
-    # Five jobs, the first done at 10 s, then one every 2 s: 4 jobs in 8 s after the first.
-    rates = scale.jobs_per_minute([10.0, 12.0, 14.0, 16.0, 18.0], end_s=20.0)
-    assert rates == {"steady": 30.0, "overall": 15.0}
-    assert scale.jobs_per_minute([10.0], end_s=20.0) == {"steady": None, "overall": 3.0}
+    # One slot: the first job done at 10 s, then one every 2 s: 4 jobs in 8 s after the first.
+    rates = scale.jobs_per_minute([10.0, 12.0, 14.0, 16.0, 18.0], end_s=20.0, slots=1)
+    assert rates == {"steady": 30.0, "first_to_last": 30.0, "overall": 15.0}
+    single = scale.jobs_per_minute([10.0], end_s=20.0, slots=1)
+    assert single == {"steady": None, "first_to_last": None, "overall": 3.0}
+
+
+def test_jobs_per_minute_steady_starts_after_the_first_wave() -> None:
+    # Two slots started together at t0, each finishing a job every 10 s (12 jobs/min in
+    # all), the second slot 1 s behind the first. Counting from the first completion takes
+    # in the second slot's first job without its cycle and overstates the rate.
+    closes = [10.0, 11.0, 20.0, 21.0, 30.0, 31.0]
+    rates = scale.jobs_per_minute(closes, end_s=31.0, slots=2)
+    assert rates["steady"] == 12.0  # 4 completions from 11 s to 31 s
+    assert rates["first_to_last"] == 14.3  # 5 completions from 10 s to 31 s
+    # No completion after the first wave: no steady rate.
+    assert scale.jobs_per_minute([10.0, 11.0], end_s=11.0, slots=2)["steady"] is None
