@@ -636,7 +636,7 @@ async def run_one(n: int, timeout_s: float, args: argparse.Namespace) -> dict[st
                 histories=histories,
                 events=list(events.events),
                 plane_stats=plane_stats,
-                slots=args.slots,
+                capacity=args.slots,
             )
             report.update(
                 submitted_s=r3(submitted_s),
@@ -927,7 +927,7 @@ def analyse(
     histories: dict[str, History],
     events: list[JobEvent],
     plane_stats: dict[str, Any],
-    slots: int,
+    capacity: int,
 ) -> dict[str, Any]:
     wid_to_name = {wid: name for name, wid in started.items()}
     owner_of = owners(histories.values())
@@ -994,7 +994,7 @@ def analyse(
             lags[state].append(lag)
             delivered[(trainer, event_id)] += 1
 
-    rates = jobs_per_minute(closes, drained_s if drained_s is not None else end_s, slots)
+    rates = jobs_per_minute(closes, drained_s if drained_s is not None else end_s, capacity)
     freed = stats_of(gaps)
     row = {
         "jobs": n,
