@@ -123,6 +123,20 @@ def translate(exc: PlatformError, context: str = "") -> ApplicationError:
     return ApplicationError(message, type=kind, non_retryable=True)
 
 
+async def _gone_behind_404(
+    client: PlatformClient, trainer_job_id: str, context: str, applied_step: int | None = None
+) -> ApplicationError | None:
+    """None while the control plane says RUNNING (the 404 is the route race); else the
+    error to fail with: the trainer is gone, or the control plane itself failed."""
+    try:
+        job = snapshot(await client.get_job(trainer_job_id))
+    except PlatformError as exc:
+        return translate(exc, context)
+    if job.state != JobState.RUNNING.value:
+        return lost(job, applied_step=applied_step)
+    return None
+
+
 async def verified_404(
     client: PlatformClient,
     trainer_job_id: str,
@@ -138,12 +152,11 @@ async def verified_404(
     Anything else: the trainer is gone — non-retryable, no budget burned. A failing
     control-plane probe surfaces as itself (never masked as a race or a death).
     """
-    try:
-        job = snapshot(await client.get_job(trainer_job_id))
-    except PlatformError as exc:
-        return translate(exc, f"checking trainer {trainer_job_id} after a 404")
-    if job.state != JobState.RUNNING.value:
-        return lost(job, applied_step=applied_step)
+    gone = await _gone_behind_404(
+        client, trainer_job_id, f"checking trainer {trainer_job_id} after a 404", applied_step
+    )
+    if gone is not None:
+        return gone
     if races > retries:
         return ApplicationError(
             f"trainer {trainer_job_id} is RUNNING but its route still answers 404 after {retries} verified retries",
@@ -180,12 +193,11 @@ class RouteWait:
         """Account for one route 404; returns when it is time to try again."""
         self.races += 1
         if time.monotonic() >= self._verified_until:
-            try:
-                job = snapshot(await self.client.get_job(self.trainer_job_id))
-            except PlatformError as exc:
-                raise translate(exc, "checking the trainer after a route 404") from None
-            if job.state != JobState.RUNNING.value:
-                raise lost(job)
+            gone = await _gone_behind_404(
+                self.client, self.trainer_job_id, "checking the trainer after a route 404"
+            )
+            if gone is not None:
+                raise gone
             self._verified_until = time.monotonic() + policies.WARMUP_REVERIFY_AFTER.total_seconds()
         if time.monotonic() >= self._end:
             raise not_ready(
