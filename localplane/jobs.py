@@ -342,7 +342,8 @@ class JobService:
         free = self._config().capacity - len(self.trainers)
         if free <= 0 or self._stopping:
             return
-        for rec in self.storage.jobs_in([JobState.PENDING])[:free]:
+        # Only the jobs that get a slot are read: thousands may be waiting.
+        for rec in self.storage.jobs_in([JobState.PENDING], limit=free):
             rec.generation += 1
             trainer = Trainer(rec.account_id, rec.job_id, rec.generation)
             self.trainers[(rec.account_id, rec.job_id)] = trainer

@@ -230,7 +230,7 @@ class Plane:
             **{k: totals.get(k, 0) for k in _TOTALS},
             **{k: v for k, v in totals.items() if k not in _TOTALS},
             "liveTrainers": self.jobs.live_trainers(),
-            "pendingJobs": len(self.storage.jobs_in([JobState.PENDING])),
+            "pendingJobs": self.storage.count_in([JobState.PENDING]),
             "capacity": self.config.capacity,
             "jobs": jobs,
         }

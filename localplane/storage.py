@@ -235,13 +235,23 @@ class Storage:
         )
         return [JobRecord.from_row(r) for r in rows]
 
-    def jobs_in(self, states: Iterable[JobState]) -> list[JobRecord]:
+    def jobs_in(self, states: Iterable[JobState], limit: int = -1) -> list[JobRecord]:
+        """Jobs in ``states``, queue order first; at most ``limit`` (-1: all)."""
         values = [s.value for s in states]
         marks = ",".join("?" * len(values))
         rows = self.db.execute(
-            f"SELECT * FROM jobs WHERE state IN ({marks}) ORDER BY queue_seq, create_time", values
+            f"SELECT * FROM jobs WHERE state IN ({marks}) ORDER BY queue_seq, create_time LIMIT ?",
+            [*values, limit],
         )
         return [JobRecord.from_row(r) for r in rows]
+
+    def count_in(self, states: Iterable[JobState]) -> int:
+        values = [s.value for s in states]
+        marks = ",".join("?" * len(values))
+        row = self.db.execute(
+            f"SELECT COUNT(*) AS n FROM jobs WHERE state IN ({marks})", values
+        ).fetchone()
+        return int(row["n"])
 
     def next_queue_seq(self) -> int:
         row = self.db.execute("SELECT COALESCE(MAX(queue_seq), 0) + 1 AS n FROM jobs").fetchone()
