@@ -317,6 +317,22 @@ def temporal_pid() -> int | None:
     return None
 
 
+# ------------------------------------------------------------------ split cores
+
+#: With --split-cores: the platform (localplane and the trainers it starts) on one CPU,
+#: Shepherd (the Temporal server, the workers, this benchmark) on the other.
+PLATFORM_CPU, SHEPHERD_CPU = 1, 0
+
+
+def pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of ``pid`` onto ``cpus`` (Linux affinity is per thread; threads and
+    processes started later inherit their creator's)."""
+    with contextlib.suppress(FileNotFoundError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(ProcessLookupError):
+                os.sched_setaffinity(int(tid), cpus)
+
+
 class ResourceSampler:
     """The workers' resident memory (VmRSS, each worker with its child processes, if any),
     sampled every ``RSS_SAMPLE_S``; the maxima are the report's figures."""
@@ -552,6 +568,12 @@ async def run_one(n: int, timeout_s: float, args: argparse.Namespace) -> dict[st
         run_dir = Path(tmp)
         async with contextlib.AsyncExitStack() as stack:
             metrics_port = free_port()
+            if args.split_cores:
+                # Everything the stack starts inherits this, the plane's trainers included;
+                # the server and this process move to Shepherd's CPU once it is up.
+                everything = os.sched_getaffinity(0)
+                stack.callback(pin, os.getpid(), everything)
+                pin(os.getpid(), {PLATFORM_CPU})
             st = await stack.enter_async_context(
                 shepherd_stack(
                     plane_config,
@@ -559,6 +581,12 @@ async def run_one(n: int, timeout_s: float, args: argparse.Namespace) -> dict[st
                     server_args=["--metrics-port", str(metrics_port)],
                 )
             )
+            if args.split_cores:
+                server_pid = temporal_pid()
+                if server_pid is None:
+                    raise RuntimeError("--split-cores: the Temporal server's process not found")
+                pin(server_pid, {SHEPHERD_CPU})
+                pin(os.getpid(), {SHEPHERD_CPU})  # the workers start below and inherit it
             server = ServerWrites(f"http://127.0.0.1:{metrics_port}/metrics")
             if args.logs:
                 stack.callback(keep_logs, run_dir, st, args.logs / f"n{n}")
@@ -1047,23 +1075,9 @@ def analyse(
         "jobs_with_several_trainers": sum(len(t) > 1 for t in trainers_by_job.values()),
         "trainer_events_without_a_workflow": unowned,
         "trainers_not_deleted": sum(s is not JobState.DELETED for s in final_state.values()),
+        # The plane's totals as its stats name them (creates, deletes, route404s, ...).
         "plane_totals": {
-            k: plane_stats.get(k)
-            for k in (
-                "creates",
-                "createConflicts",
-                "resumes",
-                "deletes",
-                "deleteCalls",
-                "preemptions",
-                "trainersStarted",
-                "trainersExited",
-                "route404s",
-                "controlPlaneRequests",
-                "dataPlaneRequests",
-                "liveTrainers",
-                "pendingJobs",
-            )
+            k: v for k, v in plane_stats.items() if isinstance(v, int) and k != "capacity"
         },
         "histories": {
             "read": len(histories),
@@ -1224,6 +1238,11 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             "workers": args.workers,
             "timeout_s": args.timeout,
             "kill_worker_after_s": args.kill_worker_after,
+            "split_cores": (
+                {"platform_cpu": PLATFORM_CPU, "shepherd_cpu": SHEPHERD_CPU}
+                if args.split_cores
+                else None
+            ),
             "submit_concurrency": args.submit_concurrency,
             "job": (
                 f"supervised loop on synthetic:text, {STEPS} steps, batch {args.batch_size}, "
@@ -1344,6 +1363,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="SIGKILL worker 0 this many seconds into each run (needs --workers >= 2)",
     )
     parser.add_argument(
+        "--split-cores",
+        action="store_true",
+        help=f"run the platform (localplane and its trainers) on CPU {PLATFORM_CPU} and "
+        f"Shepherd (Temporal server, workers, this benchmark) on CPU {SHEPHERD_CPU}, as "
+        "trainers on GPU nodes never take the orchestrator's CPU (needs 2 CPUs)",
+    )
+    parser.add_argument(
         "--submit-concurrency", type=positive(int), default=32, help="start calls in flight"
     )
     parser.add_argument("--batch-size", type=positive(int), default=4, help="records per step")
@@ -1393,6 +1419,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.worker_env = extra
     if args.step_ms < 0:
         parser.error("--step-ms must be >= 0")
+    if args.split_cores and not {PLATFORM_CPU, SHEPHERD_CPU} <= os.sched_getaffinity(0):
+        parser.error(f"--split-cores needs CPUs {SHEPHERD_CPU} and {PLATFORM_CPU}")
     return args
 
 
