@@ -29,7 +29,7 @@ from localplane.trainer.dialects import DIALECT_HEADER, OP_HEADER
 
 #: Upstream timeout: training calls may take long with an emulated compute delay.
 UPSTREAM_TIMEOUT_S = 900.0
-#: Response headers a trainer sets: which Tinker operation and dialect it served.
+#: Hop-by-hop headers: never passed on through the proxy.
 _HOP_HEADERS = {"host", "content-length", "connection", "keep-alive", "transfer-encoding"}
 
 

@@ -237,20 +237,16 @@ class Storage:
 
     def jobs_in(self, states: Iterable[JobState], limit: int = -1) -> list[JobRecord]:
         """Jobs in ``states``, queue order first; at most ``limit`` (-1: all)."""
-        values = [s.value for s in states]
-        marks = ",".join("?" * len(values))
+        where, values = _in_states(states)
         rows = self.db.execute(
-            f"SELECT * FROM jobs WHERE state IN ({marks}) ORDER BY queue_seq, create_time LIMIT ?",
+            f"SELECT * FROM jobs WHERE {where} ORDER BY queue_seq, create_time LIMIT ?",
             [*values, limit],
         )
         return [JobRecord.from_row(r) for r in rows]
 
     def count_in(self, states: Iterable[JobState]) -> int:
-        values = [s.value for s in states]
-        marks = ",".join("?" * len(values))
-        row = self.db.execute(
-            f"SELECT COUNT(*) AS n FROM jobs WHERE state IN ({marks})", values
-        ).fetchone()
+        where, values = _in_states(states)
+        row = self.db.execute(f"SELECT COUNT(*) AS n FROM jobs WHERE {where}", values).fetchone()
         return int(row["n"])
 
     def next_queue_seq(self) -> int:
@@ -376,3 +372,9 @@ class Storage:
 
     def delete_webhook(self, hook_id: str) -> bool:
         return self.db.execute("DELETE FROM webhooks WHERE id = ?", (hook_id,)).rowcount == 1
+
+
+def _in_states(states: Iterable[JobState]) -> tuple[str, list[str]]:
+    """The ``state IN (...)`` condition for ``states`` and its parameters."""
+    values = [s.value for s in states]
+    return f"state IN ({','.join('?' * len(values))})", values
