@@ -246,14 +246,20 @@ def previous_details() -> dict[str, Any]:
 
 
 @contextlib.asynccontextmanager
-async def keepalive(progress: dict[str, Any], every: float) -> AsyncIterator[None]:
-    """Heartbeat ``progress`` every ``every`` seconds while a long call is in flight, so a
-    dead worker is noticed within the heartbeat timeout however long one step takes."""
+async def keepalive(progress: dict[str, Any], every: timedelta) -> AsyncIterator[None]:
+    """Heartbeat ``progress`` (as it is then: the caller updates it in place) every
+    ``every`` while a long call is in flight, so a dead worker is noticed within the
+    heartbeat timeout however long one step takes. The first heartbeat waits for
+    ``policies.heartbeat_quiet_start``: a call that ends sooner costs the server no write."""
+    timeout = activity.info().heartbeat_timeout
+    quiet = policies.heartbeat_quiet_start(timeout).total_seconds()
+    spacing = (every if timeout is None else min(every, timeout / 4)).total_seconds()
 
     async def beat() -> None:
+        await asyncio.sleep(quiet)
         while True:
             heartbeat(dict(progress))
-            await asyncio.sleep(every)
+            await asyncio.sleep(spacing)
 
     task = asyncio.create_task(beat())
     try:

@@ -25,10 +25,7 @@ from shepherd.models import (
     SaveCheckpointResult,
 )
 from shepherd.platform import NotFound, PlatformError, RouteNotFound, rules
-
-#: Heartbeat this often while a (possibly minutes-long) save is in flight, so a dead worker
-#: is noticed within the heartbeat timeout, not the start-to-close timeout.
-KEEPALIVE_S = 2.0
+from workflows import policies
 
 #: The promotable twin of a state checkpoint is saved under this suffix.
 SAMPLER_SUFFIX = "-sampler"
@@ -90,7 +87,7 @@ class CheckpointActivities:
         tc = training_client(trainer, inp.session, inp.base_model, inp.call_timeout_s)
         progress = {"route_races": int(previous_details().get("route_races", 0))}
         try:
-            async with keepalive(progress, KEEPALIVE_S):
+            async with keepalive(progress, policies.SAVE_KEEPALIVE):
                 state = tc.save_state(inp.name)
                 sampler = tc.save_weights_for_sampler(inp.name + SAMPLER_SUFFIX)
                 await state

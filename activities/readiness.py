@@ -29,13 +29,16 @@ class ReadinessActivities:
         except PlatformError as exc:
             raise translate(exc, f"reading trainer {ref.trainer_job_id}") from None
 
-    def _fallback(self, ref: TrainerRef, cap: timedelta) -> timedelta | None:
-        """With events the poll only covers a lost one: back off (policies.py, "waiting at
-        scale"). Without, ``None`` keeps the retry policy's fixed poll interval."""
+    def _fallback(
+        self, ref: TrainerRef, cap: timedelta, first: timedelta = timedelta(0)
+    ) -> timedelta | None:
+        """With events the poll only covers a lost one: back off from ``first`` (or the
+        retry policy's interval, if longer; policies.py, "waiting at scale"). Without,
+        ``None`` keeps the retry policy's fixed poll interval."""
         info = activity.info()
         if info.is_local or not self.clients.events(ref.backend) or info.retry_policy is None:
             return None
-        first = info.retry_policy.initial_interval
+        first = max(first, info.retry_policy.initial_interval)
         return policies.fallback_poll_delay(info.attempt, first, cap, random.random())
 
     @activity.defn(name="wait_for_placement")
@@ -48,7 +51,11 @@ class ReadinessActivities:
         if state in (JobState.PENDING, JobState.UNSPECIFIED):
             raise not_ready(
                 f"trainer {ref.trainer_job_id} waits for capacity ({job.state})",
-                next_retry_delay=self._fallback(ref, policies.EVENT_FALLBACK_PLACEMENT_CAP),
+                next_retry_delay=self._fallback(
+                    ref,
+                    policies.EVENT_FALLBACK_PLACEMENT_CAP,
+                    policies.EVENT_FALLBACK_PLACEMENT_FIRST,
+                ),
             )
         raise lost(job)
 

@@ -3,9 +3,10 @@ job's loop, evaluate.
 
 Exactly-once by ``seq_id``: every sequenced operation on the model carries the ``seq_id``
 Shepherd gives it, and the trainer dedupes on ``(model_id, seq_id)``. A chunk heartbeats
-``(step, next_seq)`` after every step; a retried attempt (worker crash, route race,
-transient error) starts from the last heartbeat and re-sends the same operations with the
-same ``seq_id``s — those already applied come back from the trainer's dedupe, unapplied.
+``(step, next_seq)`` as it goes (policies.KEEPALIVE, from the quiet start on); a retried
+attempt (worker crash, route race, transient error) starts from the last heartbeat (or the
+chunk's start) and re-sends the same operations with the same ``seq_id``s — those already
+applied come back from the trainer's dedupe, unapplied.
 """
 
 from __future__ import annotations
@@ -49,10 +50,6 @@ from shepherd.platform import (
 )
 from shepherd.tinker_client import TrainingClient
 from workflows import policies
-
-#: Heartbeat at least this often while a step is in flight (well under any heartbeat
-#: timeout; the SDK throttles what it sends to 80 % of the timeout).
-KEEPALIVE_S = 1.0
 
 
 def load_path(checkpoint: str, trainer_job_id: str) -> str:
@@ -134,7 +131,7 @@ class TrainingActivities:
         # route 404 sends the same request again (it never reached the trainer).
         route = RouteWait(client, inp.trainer_job_id)
         try:
-            async with keepalive(progress, KEEPALIVE_S):
+            async with keepalive(progress, policies.KEEPALIVE):
                 session_id = await route.call(
                     lambda: trainer.create_session(
                         tags=["shepherd"],
@@ -208,13 +205,14 @@ class TrainingActivities:
             return loss
 
         def done(step: int, loss: float | None) -> None:
+            # The keepalive heartbeats the progress: at most a second behind, and none at
+            # all in a chunk that ends within the quiet start (policies.py).
             if loss is not None:
                 losses.append(float(loss))
             progress["step"], progress["next_seq"] = step, tc.next_seq
-            activity.heartbeat(dict(progress))
 
         try:
-            async with keepalive(progress, KEEPALIVE_S):
+            async with keepalive(progress, policies.KEEPALIVE):
                 for step in range(start_step + 1, inp.last_step + 1):
                     task = asyncio.ensure_future(one_step(step))
                     try:
@@ -290,7 +288,7 @@ class TrainingActivities:
         evaluate = getattr(loop, "evaluate", None) or loops.BUILTIN["supervised"].evaluate  # type: ignore[attr-defined]
         progress = {"route_races": races}
         try:
-            async with keepalive(progress, KEEPALIVE_S):
+            async with keepalive(progress, policies.KEEPALIVE):
                 raw = await evaluate(ctx)
                 await tc.drain()
         except RouteNotFound:

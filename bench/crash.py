@@ -48,12 +48,12 @@ from temporalio.api.enums.v1 import EventType, PendingActivityState
 from temporalio.api.workflow.v1 import PendingActivityInfo
 from temporalio.client import WorkflowHandle
 
-from activities.training import KEEPALIVE_S
 from shepherd.jobs import start_job
 from shepherd.models import JobStatus
 from shepherd.phases import Phase
 from shepherd.platform import PlatformError
 from shepherd.spec import JobSpec, validate_spec
+from workflows import policies
 from workflows.policies import Policies
 
 # isort: split
@@ -835,7 +835,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             if args.heartbeat_timeout is None
             else "--heartbeat-timeout",
             "chunk_first_retry_s": policy.first_retry_s,
-            "activity_keepalive_s": KEEPALIVE_S,
+            "activity_keepalive_s": policies.KEEPALIVE.total_seconds(),
+            "heartbeat_quiet_start_s": policies.HEARTBEAT_QUIET_START.total_seconds(),
             "worker": {
                 "command": " ".join(["python", *worker_command(Path("READY"))[1:]]),
                 "log_level": args.log_level,

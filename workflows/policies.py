@@ -94,6 +94,32 @@ WARMUP_REVERIFY_AFTER = timedelta(milliseconds=500)
 WARMUP_ATTEMPT_BUDGET = timedelta(seconds=5)
 
 
+#: A heartbeating activity (train, save, evaluate) sends its first heartbeat this long
+#: after it starts, or at a quarter of its heartbeat timeout if that is sooner. Every
+#: heartbeat the server records is a persistence write, and the SDK sends an attempt's first
+#: one at once: the short calls of a 20-step job (two chunks, two saves, two evaluations,
+#: each well under a second here) sent ~12 heartbeats, a quarter of the job's writes
+#: (bench/scale.py). An attempt that ends sooner sends none; its retry then starts from the
+#: attempt's own start, and the operations it sends again come back from the trainer's
+#: dedupe (activities/training.py). A worker's death is still noticed within the heartbeat
+#: timeout, which runs from the attempt's start.
+HEARTBEAT_QUIET_START = timedelta(seconds=1)
+#: From then on, a training step or an evaluation in flight heartbeats this often (at most a
+#: quarter of the heartbeat timeout; the SDK sends at most one per 80 % of the timeout,
+#: with the latest details), so the heartbeat a retry starts from is at most this old.
+KEEPALIVE = timedelta(seconds=1)
+#: A save (possibly minutes long on a real trainer) has no progress to report: only that
+#: its worker lives.
+SAVE_KEEPALIVE = timedelta(seconds=2)
+
+
+def heartbeat_quiet_start(heartbeat_timeout: timedelta | None) -> timedelta:
+    """How long an attempt with this heartbeat timeout waits before its first heartbeat."""
+    if heartbeat_timeout is None:
+        return HEARTBEAT_QUIET_START
+    return min(HEARTBEAT_QUIET_START, heartbeat_timeout / 4)
+
+
 #: When the platform reports a trainer dead mid-chunk, the chunk gets this long to notice
 #: it itself before it is cancelled: the chunk's own report carries the exact step the
 #: trainer reached (what a recovery record shows as lost work); a cancel between two of
@@ -116,15 +142,24 @@ DELETE_CONFIRM_SPACING = timedelta(milliseconds=200)
 #
 # Where the platform pushes its state changes (the worker's event bridge, backend profile
 # ``events``), a wait is woken by the event and its poll only covers an event that got lost:
-# it starts at the spec's poll interval and backs off (doubling, jittered so that jobs
-# submitted together do not poll together) to a cap. Write load of W jobs waiting for a
-# slot, once backed off: ~3 W / (0.875 x cap) writes/s, i.e. 2,000 waiting jobs ~11
-# writes/s with the 10 min cap. Waits for RUNNING (a slot is held: at most one per slot)
-# cap at 30 s, so a lost RUNNING event idles a GPU for at most that long. Without events
-# (e.g. the hosted service) polling stays the fixed ``spec.policies.poll_interval``.
+# after the first look it backs off (doubling, jittered so that jobs submitted together do
+# not poll together) to a cap. Write load of W jobs waiting for a slot, once backed off:
+# ~3 W / (0.875 x cap) writes/s, i.e. 2,000 waiting jobs ~11 writes/s with the 10 min cap.
+# Waiting for a slot, the second look comes EVENT_FALLBACK_PLACEMENT_FIRST after the first:
+# 1,000 jobs submitted at once that polled from the spec's 5 s doubling made ~5 polls each
+# in their first 2.5 minutes (30 failed attempts/s at the peak, bench/scale.py), which is
+# the very time their own starts fill the server's write queue and the first jobs that hold
+# a trainer wait behind both. Waits for RUNNING (a slot is held: at most one per slot) start
+# at the poll interval and cap at 30 s, so a lost RUNNING event idles a GPU for at most that
+# long. Without events (e.g. the hosted service) polling stays the fixed
+# ``spec.policies.poll_interval``.
 
-#: Cap of the fallback poll while waiting for a slot, with events (a lost CREATING event is
-#: also covered by the RUNNING event that follows it).
+#: The fallback poll's first delay while waiting for a slot, with events (the spec's poll
+#: interval when that is longer). Placement comes first come, first served, so a job that
+#: waits longer than this waits behind others anyway; a lost CREATING event is also covered
+#: by the RUNNING event that follows it.
+EVENT_FALLBACK_PLACEMENT_FIRST = timedelta(minutes=2)
+#: Cap of the fallback poll while waiting for a slot, with events.
 EVENT_FALLBACK_PLACEMENT_CAP = timedelta(minutes=10)
 #: Cap of the fallback poll while a slot is held and the trainer boots, with events.
 EVENT_FALLBACK_RUNNING_CAP = timedelta(seconds=30)

@@ -3,11 +3,18 @@ delays, worker sizing from the environment; and why a trainer died, from its pla
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 from datetime import timedelta
+from typing import Any
 
 import pytest
+from temporalio.common import RetryPolicy
+from temporalio.testing import ActivityEnvironment
 
-from shepherd.models import PlatformJob
+from activities.base import keepalive
+from activities.readiness import ReadinessActivities
+from shepherd.models import PlatformJob, TrainerRef
 from shepherd.platform import rules
 from shepherd.trainer_ids import owner_of, trainer_prefix
 from workers.main import WorkerSizing
@@ -82,3 +89,75 @@ def test_why_a_trainer_died_from_the_platforms_words(
 ) -> None:
     job = PlatformJob(trainer_job_id="t", state=state, status_code=code, message=message)
     assert classify(job) == reason
+
+
+class _Events:
+    """A client provider whose backend does (or does not) push its events."""
+
+    def __init__(self, events: bool) -> None:
+        self._events = events
+
+    def client(self, backend: str) -> Any:
+        raise AssertionError("no platform call expected")
+
+    def events(self, backend: str) -> bool:
+        return self._events
+
+
+def _delay_after(attempt: int, *, events: bool) -> timedelta | None:
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(
+        env.info,
+        attempt=attempt,
+        retry_policy=RetryPolicy(initial_interval=timedelta(seconds=5), backoff_coefficient=1.0),
+    )
+    acts = ReadinessActivities(_Events(events))
+    ref = TrainerRef(backend="local", trainer_job_id="t")
+    return env.run(  # type: ignore[no-any-return]
+        acts._fallback,
+        ref,
+        policies.EVENT_FALLBACK_PLACEMENT_CAP,
+        policies.EVENT_FALLBACK_PLACEMENT_FIRST,
+    )
+
+
+def test_with_events_a_job_waiting_for_a_slot_looks_again_only_minutes_later() -> None:
+    # Not at the spec's 5 s poll interval: a burst of submissions would poll through the
+    # minutes its own starts keep the server busy (policies.py, "waiting at scale").
+    j = policies.EVENT_FALLBACK_JITTER
+    first = policies.EVENT_FALLBACK_PLACEMENT_FIRST
+    second = _delay_after(1, events=True)
+    assert second is not None and first * (1 - j) <= second <= first * (1 + j)
+    third = _delay_after(2, events=True)
+    assert third is not None and third >= 2 * first * (1 - j)
+    assert _delay_after(9, events=True) <= policies.EVENT_FALLBACK_PLACEMENT_CAP * (1 + j)  # type: ignore[operator]
+    # Without events the retry policy's fixed interval stays the poll.
+    assert _delay_after(1, events=False) is None
+
+
+def _beats_during(seconds: float, heartbeat_timeout: timedelta) -> list[dict[str, Any]]:
+    """The heartbeats a keepalive sends around a call of ``seconds``, the progress moving."""
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(env.info, heartbeat_timeout=heartbeat_timeout)
+    sent: list[dict[str, Any]] = []
+    env.on_heartbeat = lambda *details: sent.append(dict(details[0]))
+
+    async def call() -> None:
+        progress = {"step": 0}
+        async with keepalive(progress, policies.KEEPALIVE):
+            for step in range(1, 11):
+                await asyncio.sleep(seconds / 10)
+                progress["step"] = step
+
+    asyncio.run(env.run(call))
+    return sent
+
+
+def test_a_short_call_sends_no_heartbeat_and_a_long_one_its_latest_progress() -> None:
+    # Each heartbeat is a write on the server; a call shorter than the quiet start needs none.
+    assert _beats_during(0.5, timedelta(seconds=4)) == []
+    sent = _beats_during(1.6, timedelta(seconds=4))
+    assert sent and all(0 < b["step"] < 10 for b in sent) and len(sent) <= 2, sent
+    # A short heartbeat timeout shortens the quiet start (a quarter of it) and the spacing.
+    sent = _beats_during(0.5, timedelta(seconds=0.4))
+    assert len(sent) >= 3 and sent[0]["step"] <= 3, sent
