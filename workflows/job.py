@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
@@ -383,6 +384,9 @@ class TrainingJobWorkflow:
         self._upsert([sa.TRAINER_JOB_ID.value_set(self.s.trainer_job_id)])
         self._set_phase(Phase.QUEUED)
         t = self.spec.trainer
+        policy = self.pol.create_trainer
+        if not workflow.patched("create-trainer-local"):
+            policy = dataclasses.replace(policy, local=False)  # as it ran before
         job = await self._act(
             ProvisioningActivities.create_trainer,
             CreateTrainerInput(
@@ -394,7 +398,7 @@ class TrainingJobWorkflow:
                 preemptible=self._preemptible,
                 display_name=(t.display_name or self.s.workflow_id)[: rules.MAX_DISPLAY_NAME_LEN],
             ),
-            self.pol.create_trainer,
+            policy,
             f"create trainer {self.s.trainer_job_id}",
         )
         self._trainer_live = True  # from here on, cleanup must delete it

@@ -304,7 +304,13 @@ class Policies:
         )
         return cls(
             lookup=ActivityPolicy(start_to_close=timedelta(seconds=45), retry=_TRANSIENT),
-            create_trainer=ActivityPolicy(start_to_close=timedelta(seconds=45), retry=_TRANSIENT),
+            # Local: one POST, idempotent by the trainer id, in the job's first workflow
+            # task. As a regular activity it cost ~4 more server writes per job (started,
+            # completed, and the workflow task that follows), which a burst of submissions
+            # pays all at once while jobs that hold a trainer wait in the same write queue.
+            create_trainer=ActivityPolicy(
+                local=True, start_to_close=timedelta(seconds=45), retry=_TRANSIENT
+            ),
             wait_placement=_poll(p.poll_interval, p.pending_timeout),
             wait_running=_poll(p.poll_interval, p.ready_timeout),
             # Deaths settle in seconds; poll at least every 2 s, give up at the ready timeout.

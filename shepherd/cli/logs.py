@@ -297,6 +297,9 @@ class Lifecycle:
         if event.HasField("user_metadata") and event.user_metadata.HasField("summary"):
             summary = str(self._value(event.user_metadata.summary) or "")
         summary = summary or str(data.get("activity_type", "local activity"))
+        if data.get("activity_type") == "create_trainer" and "result" in a.details:
+            # Local since the create-trainer-local patch; its result is the created job.
+            self._trainer(self._arg(a.details["result"].payloads).get("trainer_job_id"), when)
         outcome = f"failed: {_failure_text(a.failure)}" if a.HasField("failure") else "done"
         start, end = (_proto_time(data.get(k)) for k in ("original_schedule_time", "complete_time"))
         took = f" after {_seconds(end - start)}" if start and end and end >= start else ""
