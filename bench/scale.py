@@ -1104,6 +1104,10 @@ METHOD = {
     ),
     "drained": "last workflow close time (visibility) - t0, when every workflow closed "
     "before the timeout; else 'not in T s'",
+    "repeat": "with --repeat R each N runs R times, each on a fresh stack; the table, the "
+    "targets and runs[] use the run with the median steady jobs/min (the lower middle of an "
+    "even R; one that did not drain counts as 0), and its `repeats` lists every run's "
+    "throughput and checks",
     "jobs_per_min": "steady throughput: (completed - slots) / (last completion - the "
     "slots-th completion) x 60, completed = workflow COMPLETED with the job's phase "
     "COMPLETED (every slot starts at t0, so the slots-th completion ends the first wave and "
@@ -1222,10 +1226,34 @@ def targets(runs: dict[int, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def median_run(tries: list[dict[str, Any]]) -> dict[str, Any]:
+    """Of several runs of one N, the one with the median steady jobs/min (the lower middle
+    of an even count; a run that did not drain counts as 0), carrying every run's
+    throughput and checks under ``repeats``. How much of two cores the emulated GPUs get
+    moves a small N by a fifth from run to run: one run is a coin toss for the ratio."""
+
+    def steady(run: dict[str, Any]) -> float:
+        return float((run["jobs_per_min"] or {}).get("steady") or 0.0)
+
+    ordered = sorted(tries, key=steady)
+    chosen = dict(ordered[(len(ordered) - 1) // 2])
+    if len(tries) > 1:
+        chosen["repeats"] = [
+            {
+                "jobs_per_min": t["jobs_per_min"],
+                "drained_s": t["drained_s"],
+                "ok": t["ok"],
+                "chosen": t is ordered[(len(ordered) - 1) // 2],
+            }
+            for t in tries
+        ]
+    return chosen
+
+
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
     runs: dict[int, dict[str, Any]] = {}
     for n, timeout_s in zip(args.n, args.timeout, strict=True):
-        runs[n] = await run_one(n, timeout_s, args)
+        runs[n] = median_run([await run_one(n, timeout_s, args) for _ in range(args.repeat)])
     rows = [r["row"] for r in runs.values()]
     return {
         "benchmark": "scale",
@@ -1244,6 +1272,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                 else None
             ),
             "submit_concurrency": args.submit_concurrency,
+            "repeat": args.repeat,
             "job": (
                 f"supervised loop on synthetic:text, {STEPS} steps, batch {args.batch_size}, "
                 f"{args.step_ms:g} ms emulated GPU time per step, checkpoint every {EVERY} "
@@ -1350,6 +1379,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="comma-separated job counts, one fresh stack each (default: %(default)s)",
     )
     parser.add_argument("--slots", type=positive(int), default=4, help="trainer slots (capacity)")
+    parser.add_argument(
+        "--repeat",
+        type=positive(int),
+        default=1,
+        help="runs per N (each on a fresh stack); the table shows the run with the median "
+        "jobs/min, the JSON every run's",
+    )
     parser.add_argument("--workers", type=positive(int), default=1, help="worker processes")
     parser.add_argument(
         "--timeout",
@@ -1427,7 +1463,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     report = run_main(lambda: bench(args), lambda report: plot(args.out, report))
-    if not all(all(r["ok"].values()) for r in report["runs"] if r["drained"]):
+    tries = [t for r in report["runs"] for t in r.get("repeats", [r])]
+    if not all(all(t["ok"].values()) for t in tries if t["drained_s"] is not None):
         sys.exit(1)
 
 

@@ -117,3 +117,16 @@ def test_jobs_per_minute_steady_starts_after_the_first_wave() -> None:
     assert rates["first_to_last"] == 14.3  # 5 completions from 10 s to 31 s
     # No completion after the first wave: no steady rate.
     assert scale.jobs_per_minute([10.0, 11.0], end_s=11.0, slots=2)["steady"] is None
+
+
+def test_repeated_runs_report_the_one_with_the_median_throughput() -> None:
+    def run(steady: float | None, drained: float | None = 10.0) -> dict[str, Any]:
+        return {"jobs_per_min": {"steady": steady}, "drained_s": drained, "ok": {"all": True}}
+
+    a, b, c = run(80.0), run(60.0), run(None, None)
+    chosen = scale.median_run([a, b, c])
+    assert chosen["jobs_per_min"]["steady"] == 60.0
+    assert [r["chosen"] for r in chosen["repeats"]] == [False, True, False]
+    # An even count takes the lower middle; a single run is reported as it is.
+    assert scale.median_run([a, b])["jobs_per_min"]["steady"] == 60.0
+    assert scale.median_run([a]) == a
