@@ -1235,15 +1235,16 @@ def median_run(tries: list[dict[str, Any]]) -> dict[str, Any]:
     def steady(run: dict[str, Any]) -> float:
         return float((run["jobs_per_min"] or {}).get("steady") or 0.0)
 
-    ordered = sorted(tries, key=steady)
-    chosen = dict(ordered[(len(ordered) - 1) // 2])
+    middle = sorted(tries, key=steady)[(len(tries) - 1) // 2]
+    chosen = dict(middle)
     if len(tries) > 1:
         chosen["repeats"] = [
             {
                 "jobs_per_min": t["jobs_per_min"],
+                "drained": t["drained"],
                 "drained_s": t["drained_s"],
                 "ok": t["ok"],
-                "chosen": t is ordered[(len(ordered) - 1) // 2],
+                "chosen": t is middle,
             }
             for t in tries
         ]
@@ -1464,7 +1465,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     report = run_main(lambda: bench(args), lambda report: plot(args.out, report))
     tries = [t for r in report["runs"] for t in r.get("repeats", [r])]
-    if not all(all(t["ok"].values()) for t in tries if t["drained_s"] is not None):
+    if not all(all(t["ok"].values()) for t in tries if t["drained"]):
         sys.exit(1)
 
 

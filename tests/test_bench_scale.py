@@ -121,7 +121,12 @@ def test_jobs_per_minute_steady_starts_after_the_first_wave() -> None:
 
 def test_repeated_runs_report_the_one_with_the_median_throughput() -> None:
     def run(steady: float | None, drained: float | None = 10.0) -> dict[str, Any]:
-        return {"jobs_per_min": {"steady": steady}, "drained_s": drained, "ok": {"all": True}}
+        return {
+            "jobs_per_min": {"steady": steady},
+            "drained": drained is not None,
+            "drained_s": drained,
+            "ok": {"all": True},
+        }
 
     a, b, c = run(80.0), run(60.0), run(None, None)
     chosen = scale.median_run([a, b, c])
