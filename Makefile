@@ -21,6 +21,9 @@ $(BIN)/python:
 # Reinstall when the dependency list changes.
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	# torch before anything that needs it: this pin takes the CPU wheel (the cookbook's
+	# torch>=2.10 would otherwise pull a CUDA build, several GB).
+	$(BIN)/python -m pip install --quiet 'torch==2.13.0'
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
