@@ -10,7 +10,15 @@ from datetime import timedelta
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.base import ClientProvider, RouteWait, lost, not_ready, snapshot, translate
+from activities.base import (
+    ClientProvider,
+    RouteWait,
+    keepalive,
+    lost,
+    not_ready,
+    snapshot,
+    translate,
+)
 from shepherd.models import PlatformJob, TrainerRef, WarmUpInput, WarmUpResult
 from shepherd.platform import PlatformError, RouteNotFound
 from shepherd.states import JobState
@@ -97,15 +105,16 @@ class ReadinessActivities:
         trainer = await client.trainer(inp.trainer_job_id)
         route = RouteWait(client, inp.trainer_job_id)
         consecutive = 0
-        while consecutive < inp.probes:
-            try:
-                await trainer.healthz()
-                consecutive += 1
-            except RouteNotFound:
-                consecutive = 0
-                await route.seen_404()
-            except PlatformError as exc:
-                raise ApplicationError(
-                    f"warm-up probe failed: {exc}", type=type(exc).__name__, non_retryable=True
-                ) from None
+        async with keepalive({}, policies.KEEPALIVE):  # a dead worker is noticed in time
+            while consecutive < inp.probes:
+                try:
+                    await trainer.healthz()
+                    consecutive += 1
+                except RouteNotFound:
+                    consecutive = 0
+                    await route.seen_404()
+                except PlatformError as exc:
+                    raise ApplicationError(
+                        f"warm-up probe failed: {exc}", type=type(exc).__name__, non_retryable=True
+                    ) from None
         return WarmUpResult(probes=inp.probes, route_races=route.races)

@@ -77,7 +77,7 @@ with workflow.unsafe.imports_passed_through():
     from shepherd.spec import JobSpec, SpecError, resolve_templates
     from shepherd.states import JobState
     from shepherd.trainer_ids import trainer_prefix
-    from workflows import policies
+    from workflows import policies, versions
     from workflows.policies import ActivityPolicy, Policies
 
 T = TypeVar("T")
@@ -161,6 +161,10 @@ class TrainingJobWorkflow:
     def __init__(self, inp: JobInput) -> None:
         self.spec = inp.spec
         self.pol = Policies.for_spec(self.spec.policies, chunk_steps=self.spec.steps_per_chunk)
+        #: The run follows the current lifecycle (workflows/versions.py); decided in ``run``.
+        self._current = True
+        #: A legacy run written by code that had every legacy patch (versions.LAST_LEGACY).
+        self._legacy_complete = False
         self.s: JobStatus = inp.carried or JobStatus(
             name=self.spec.name,
             labels=self.spec.labels,
@@ -211,6 +215,12 @@ class TrainingJobWorkflow:
 
     @workflow.run
     async def run(self, inp: JobInput) -> JobStatus:
+        # First of all, in the run's first workflow task: which lifecycle this run follows.
+        self._current = workflow.patched(versions.REPLAY_SAFE)
+        if not self._current:
+            self.pol = Policies.for_spec(
+                self.spec.policies, chunk_steps=self.spec.steps_per_chunk, legacy=True
+            )
         info = workflow.info()
         self.s.workflow_id = info.workflow_id
         if self.s.started_at is None:
@@ -221,7 +231,7 @@ class TrainingJobWorkflow:
                 info.workflow_id,
                 info.run_id,
                 # The event bridge finds the workflow from such an id, without visibility.
-                owner_in_id=workflow.patched("trainer-id-names-its-workflow"),
+                owner_in_id=self._current or workflow.patched("trainer-id-names-its-workflow"),
             )
         if not self._carried:
             updates = [
@@ -278,6 +288,7 @@ class TrainingJobWorkflow:
         main.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await main
+        self._stop_if_cancelled()  # a cancel request while the lifecycle stopped is the outcome
         raise _Terminal(
             Phase.FAILED,
             "MaxRuntimeExceeded",
@@ -288,7 +299,7 @@ class TrainingJobWorkflow:
         if not self._carried:
             if self._templated:
                 self._fill_templates()
-                if workflow.patched("claim-templated-model-id"):
+                if await self._patched("claim-templated-model-id"):
                     await self._claim_model()
             if self.spec.trainer.training_shape and self._shape_version is None:
                 shape = await self._act(
@@ -302,17 +313,18 @@ class TrainingJobWorkflow:
                 self._shape_version = shape.version
             if self.spec.training.resume_from and not self.s.checkpoints:
                 self._to_load = self.spec.training.resume_from
-                checks = workflow.patched("check-checkpoint-before-provisioning")
+                checks = await self._patched("check-checkpoint-before-provisioning")
                 if checks and (problem := await self._checkpoint_problem(self._to_load)):
                     raise _Terminal(
                         Phase.FAILED, "InvalidCheckpoint", f"training.resume_from: {problem}"
                     )
-            if self.spec.output.promote != "none" and workflow.patched(
+            if self.spec.output.promote != "none" and await self._patched(
                 "check-model-before-provisioning"
             ):
                 await self._check_model_free()
         lost: _Lost | None = None
         while True:
+            self._stop_if_cancelled()
             try:
                 if lost is not None:
                     current, lost = lost, None
@@ -385,8 +397,9 @@ class TrainingJobWorkflow:
         self._set_phase(Phase.QUEUED)
         t = self.spec.trainer
         policy = self.pol.create_trainer
-        if not workflow.patched("create-trainer-local"):
-            policy = dataclasses.replace(policy, local=False)  # as it ran before
+        if not self._current and await self._patched(versions.LAST_LEGACY):
+            policy = dataclasses.replace(policy, local=True)  # as it ran then
+            self._legacy_complete = True
         job = await self._act(
             ProvisioningActivities.create_trainer,
             CreateTrainerInput(
@@ -453,7 +466,7 @@ class TrainingJobWorkflow:
             self.pol.open_model,
             f"load {self._to_load.rsplit('/', 1)[-1]}" if self._to_load else "create the model",
         )
-        if workflow.patched("open-model-before-warm-up"):
+        if await self._patched("open-model-before-warm-up"):
             # Opening the model needs no warm route (it re-sends a request after a route
             # 404), so it runs while the route propagates. The probes come after it: with
             # its requests in between, consecutive probes would not prove every replica.
@@ -507,14 +520,18 @@ class TrainingJobWorkflow:
             return None
 
         def event_says() -> bool:
+            if self._cancel_seen():
+                return True
             if self._pause_requested and self._stage is not Phase.RECOVERING:
                 return True
             if self._event_state in targets:
                 return True
             return death_is_loss and self._event_state in _DEAD
 
+        self._stop_if_cancelled()
+        options = await self._options(policy)
         handle = workflow.start_activity_method(
-            poll, self._ref(), **self._options(policy), summary=f"wait for {what}"
+            poll, self._ref(), **options, summary=f"wait for {what}"
         )
         waiter = asyncio.ensure_future(workflow.wait_condition(event_says))
         await self._race(handle, waiter)
@@ -529,6 +546,8 @@ class TrainingJobWorkflow:
         handle.cancel()
         with contextlib.suppress(ActivityError):
             await handle
+        # The poll's cancellation is expected; a cancel request meanwhile surfaces as it.
+        self._stop_if_cancelled()
         if self._pause_requested and self._stage is not Phase.RECOVERING:
             raise _PauseNow()
         if self._event_state in targets:
@@ -573,13 +592,15 @@ class TrainingJobWorkflow:
 
     async def _run_chunk(self, first: int, last: int) -> ChunkResult:
         # Reacting to a death event mid-chunk is newer than some running workflows.
-        watch_deaths = workflow.patched("chunk-stops-on-death-event")
+        watch_deaths = await self._patched("chunk-stops-on-death-event")
 
         def died() -> bool:
             return watch_deaths and self._event_state in _DEAD
 
         if died():
             raise self._death_event()  # known dead: do not even schedule the chunk
+        self._stop_if_cancelled()
+        options = await self._options(self.pol.train_chunk)
         handle = workflow.start_activity_method(
             TrainingActivities.train_chunk,
             TrainChunkInput(
@@ -594,17 +615,17 @@ class TrainingJobWorkflow:
                 route_race_window_s=self.pol.route_race_window.total_seconds(),
                 step_timeout_s=self.pol.step_timeout.total_seconds(),
             ),
-            **self._options(self.pol.train_chunk),
+            **options,
             # A pause stops the chunk at a step boundary before the checkpoint is taken.
             cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
             summary=f"train steps {first}-{last}",
         )
         # A pause, or the platform's word that the trainer died, stops the chunk early.
         stop = asyncio.ensure_future(
-            workflow.wait_condition(lambda: self._pause_requested or died())
+            workflow.wait_condition(lambda: self._pause_requested or died() or self._cancel_seen())
         )
         await self._race(handle, stop)
-        if not handle.done() and died() and workflow.patched("chunk-reports-its-own-death"):
+        if not handle.done() and died() and await self._patched("chunk-reports-its-own-death"):
             # Let the chunk see the death itself: a running attempt stops at once, one
             # between retries starts and meets the dead route; either reports the exact
             # step reached (a cancel between attempts carries no progress).
@@ -619,6 +640,9 @@ class TrainingJobWorkflow:
         try:
             result = await handle
         except ActivityError as err:
+            # A cancel request surfaces here as the chunk's own cancellation (when we were
+            # stopping the chunk anyway): it is the job's cancel, not a pause or a death.
+            self._stop_if_cancelled()
             # A cancel we asked for (the activity was between attempts, so no partial result).
             if is_cancelled_exception(err) and self._pause_requested:
                 raise _PauseNow() from None
@@ -632,11 +656,12 @@ class TrainingJobWorkflow:
         self._model().next_seq = result.next_seq
         if not result.partial:
             return result
+        self.s.step = max(self.s.step, result.last_step)
+        self._stop_if_cancelled()  # the chunk stopped for the job's cancel
         if died():
             lost = self._death_event()
             lost.applied_step = result.last_step
             raise lost
-        self.s.step = max(self.s.step, result.last_step)
         raise _PauseNow()
 
     def _heartbeat_step(self, err: ActivityError) -> int | None:
@@ -692,6 +717,7 @@ class TrainingJobWorkflow:
     async def _report(self, record: CheckpointRecord) -> None:
         """Best effort: a sweep that is gone must not fail its trial."""
         assert self._report_to and record.metric is not None
+        self._stop_if_cancelled()
         try:
             await workflow.get_external_workflow_handle(self._report_to).signal(
                 "trial_progress",
@@ -759,7 +785,7 @@ class TrainingJobWorkflow:
         reason = "deleted" if lost.kind == policies.TRAINER_GONE else classify(job)
         if lost.kind not in (policies.TRAINER_LOST, policies.TRAINER_GONE):
             reason = "failure"
-        if reason == "refused" and workflow.patched("refused-trainer-fails-at-once"):
+        if reason == "refused" and await self._patched("refused-trainer-fails-at-once"):
             raise _Terminal(
                 Phase.FAILED,
                 "TrainerRefused",
@@ -807,7 +833,7 @@ class TrainingJobWorkflow:
         else:
             self._event_state = None  # unknown: ask the platform, do not trust an old event
         self._set_phase(Phase.RECOVERING)
-        self._recovering = workflow.patched("phase-stays-recovering")
+        self._recovering = await self._patched("phase-stays-recovering")
         self._to_load = self._recovery_checkpoint()
         fallback = self.pol.fallback_to_on_demand_after
         if self._preemptible and fallback is not None and self.s.preemptions >= fallback:
@@ -867,9 +893,10 @@ class TrainingJobWorkflow:
         await self._delete_trainer()  # no GPU is held while paused
         self._pause_requested = False
         self._set_phase(Phase.PAUSED)
-        checks = workflow.patched("check-resume-checkpoint")
+        checks = await self._patched("check-resume-checkpoint")
         while True:
-            await workflow.wait_condition(lambda: self._resume_requested)
+            await workflow.wait_condition(lambda: self._resume_requested or self._cancel_seen())
+            self._stop_if_cancelled()
             chosen, self._resume_checkpoint = self._resume_checkpoint, None
             # A resume by signal has no answer: a bad checkpoint keeps the job PAUSED and
             # says why in its status (the resume update answered already, when it checked).
@@ -973,6 +1000,7 @@ class TrainingJobWorkflow:
             self._ref(),
             self.pol.delete_trainer,
             "delete the trainer",
+            cleanup=True,
         )
         if deleted is not None:
             self._observe(deleted)
@@ -1010,9 +1038,9 @@ class TrainingJobWorkflow:
             waiter.cancel()
             raise
 
-    def _options(self, policy: ActivityPolicy) -> dict[str, Any]:
+    async def _options(self, policy: ActivityPolicy) -> dict[str, Any]:
         queue = self._queue
-        if policy.waits and workflow.patched("polls-on-the-waits-queue"):
+        if policy.waits and await self._patched("polls-on-the-waits-queue"):
             queue = policies.waits_queue(queue or workflow.info().task_queue)
         return {**policy.options(), "task_queue": queue, "priority": self._priority}
 
@@ -1024,17 +1052,62 @@ class TrainingJobWorkflow:
         summary: str,
         *,
         timeout_type: str = "Timeout",
+        cleanup: bool = False,
     ) -> T:
+        if not cleanup:
+            self._stop_if_cancelled()
         try:
-            if policy.local:
+            if policy.local:  # legacy runs only (workflows/versions.py)
                 return await workflow.execute_local_activity_method(
                     fn, arg, **policy.options(), summary=summary
                 )
             return await workflow.execute_activity_method(
-                fn, arg, **self._options(policy), summary=summary
+                fn, arg, **(await self._options(policy)), summary=summary
             )
         except ActivityError as err:
             self._raise_mapped(err, timeout_type, summary)
+
+    async def _patched(self, patch_id: str) -> bool:
+        """A patch of the code before the current lifecycle (versions.LEGACY_PATCHES):
+        applied in every current run; in a legacy run, decided where it always was.
+
+        A legacy run may have met the SDK's late local-activity result (versions.py): its
+        history then holds the commands that followed a local activity in the workflow task
+        after the one that replay hands the result over in. A patch first decided there
+        would read False on replay (its marker not yet in sight) although the run recorded
+        it; a run whose writer had every legacy patch recorded every first call's marker,
+        so replay waits until the marker is in sight, which is where the run decided it."""
+        if self._current:
+            return True
+        if (
+            self._legacy_complete
+            and workflow.unsafe.is_replaying()
+            and not versions.marker_in_sight(patch_id)
+        ):
+            await workflow.wait_condition(
+                lambda: versions.marker_in_sight(patch_id) or not workflow.unsafe.is_replaying()
+            )
+        return workflow.patched(patch_id)
+
+    def _cancel_seen(self) -> bool:
+        """For the lifecycle's waits: a cancel request ends them (current runs; a legacy
+        run's waits end as they always did)."""
+        return self._current and workflow.cancellation_reason() is not None
+
+    def _stop_if_cancelled(self) -> None:
+        """A cancel request is final: nothing but cleanup is sent after it.
+
+        The SDK delivers a cancel request by cancelling whatever the workflow awaits at that
+        moment. When that is an activity the workflow itself is cancelling (a race it just
+        decided, a chunk it stops for a pause), the cancel surfaces as that activity's
+        cancellation, which the workflow expects and handles, and the request is gone: the
+        job went on training (issue 16). So every command the lifecycle sends is preceded by
+        this check of the request itself (``workflow.cancellation_reason``), which no await
+        can absorb."""
+        if workflow.cancellation_reason() is None:
+            return
+        if self._current or workflow.patched(versions.CANCEL_CHECKED):
+            raise asyncio.CancelledError("the job was cancelled")
 
     def _raise_mapped(self, err: ActivityError, timeout_type: str, what: str) -> NoReturn:
         mapped = self._mapped(err, timeout_type, what)
@@ -1255,7 +1328,7 @@ class TrainingJobWorkflow:
     @workflow.update(name="request_resume")
     async def request_resume(self, request: ResumeRequest) -> JobStatus:
         """Provision a new trainer and continue (from ``checkpoint`` when given)."""
-        if request.checkpoint and workflow.patched("check-resume-checkpoint"):
+        if request.checkpoint and await self._patched("check-resume-checkpoint"):
             # Before anything is provisioned; refused, the job stays PAUSED.
             if problem := await self._checkpoint_problem(request.checkpoint):
                 raise ApplicationError(

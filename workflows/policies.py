@@ -11,6 +11,7 @@ Deterministic code only: imported by the workflow.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -192,8 +193,8 @@ class ActivityPolicy:
     retry: RetryPolicy
     schedule_to_close: timedelta | None = None
     heartbeat: timedelta | None = None
-    #: Run as a local activity (on the workflow's worker, no task-queue round trip): only for
-    #: short, bounded attempts that sit on a latency-critical path.
+    #: Run as a local activity: only in runs recorded before the current lifecycle
+    #: (workflows/versions.py says why current runs have none).
     local: bool = False
     #: A poll that holds no trainer: runs on the waits queue (``waits_queue``).
     waits: bool = False
@@ -294,7 +295,9 @@ class Policies:
     step_timeout: timedelta
 
     @classmethod
-    def for_spec(cls, p: PoliciesSpec, *, chunk_steps: int) -> Policies:
+    def for_spec(cls, p: PoliciesSpec, *, chunk_steps: int, legacy: bool = False) -> Policies:
+        """``legacy``: as runs recorded before the current lifecycle ran, warm-up and opening
+        the model as local activities (the create's locality was a patch of its own)."""
         # A save of a large checkpoint can take minutes; the heartbeat, not the
         # start-to-close timeout, is what notices a dead worker.
         data_plane = ActivityPolicy(
@@ -304,23 +307,18 @@ class Policies:
         )
         return cls(
             lookup=ActivityPolicy(start_to_close=timedelta(seconds=45), retry=_TRANSIENT),
-            # Local: one POST, idempotent by the trainer id, in the job's first workflow
-            # task. As a regular activity it cost ~4 more server writes per job (started,
-            # completed, and the workflow task that follows), which a burst of submissions
-            # pays all at once while jobs that hold a trainer wait in the same write queue.
-            create_trainer=ActivityPolicy(
-                local=True, start_to_close=timedelta(seconds=45), retry=_TRANSIENT
-            ),
+            # One POST, idempotent by the trainer id.
+            create_trainer=ActivityPolicy(start_to_close=timedelta(seconds=45), retry=_TRANSIENT),
             wait_placement=_poll(p.poll_interval, p.pending_timeout),
             wait_running=_poll(p.poll_interval, p.ready_timeout),
             # Deaths settle in seconds; poll at least every 2 s, give up at the ready timeout.
             wait_resumable=_poll(min(p.poll_interval, timedelta(seconds=2)), p.ready_timeout),
-            # Local: one attempt is at most WARMUP_ATTEMPT_BUDGET of probes, and it sits
-            # between RUNNING and the first training call, where a regular activity's
-            # scheduling round trip (~40 ms on the dev server) is a sizeable share of the lag.
+            # One attempt is at most WARMUP_ATTEMPT_BUDGET of probes (each bounded by the
+            # client's request timeout); its keepalive notices a dead worker.
             warm_up=ActivityPolicy(
-                local=True,
+                local=legacy,
                 start_to_close=timedelta(seconds=45),
+                heartbeat=None if legacy else p.heartbeat_timeout,
                 schedule_to_close=p.warmup_timeout,
                 retry=RetryPolicy(
                     initial_interval=timedelta(seconds=1),
@@ -338,13 +336,11 @@ class Policies:
                 retry=_CHUNK_RETRY,
             ),
             data_plane_call=data_plane,
-            # Local, like warm-up: opening a model is a few short calls right before the
-            # first training call. Loading a large checkpoint may take minutes on a real
-            # trainer; a local activity may run that long (its worker's death is noticed
-            # through the workflow task, and the attempt is retried).
-            open_model=ActivityPolicy(
-                local=True, start_to_close=p.step_timeout + timedelta(minutes=1), retry=_TRANSIENT
-            ),
+            # A few short calls, or a load that may take minutes on a real trainer: like
+            # any data-plane call.
+            open_model=dataclasses.replace(data_plane, local=True, heartbeat=None)
+            if legacy
+            else data_plane,
             resume_trainer=ActivityPolicy(start_to_close=timedelta(seconds=45), retry=_TRANSIENT),
             promote=ActivityPolicy(start_to_close=timedelta(minutes=2), retry=_TRANSIENT),
             wait_model=_poll(timedelta(seconds=2), timedelta(hours=1)),
