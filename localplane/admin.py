@@ -50,6 +50,24 @@ class PlaneAdmin:
     async def reset_faults(self) -> dict[str, Any]:
         return await self._call("DELETE", "/faults")
 
+    # ----------------------------------------------------------------- holds
+
+    async def hold(self, path: str, *, method: str | None = "POST", count: int = 1) -> str:
+        """Hold the next ``count`` requests whose path matches ``path`` (a regex) until
+        :meth:`release`; returns the hold's id (localplane/holds.py)."""
+        body = {"path": path, "method": method, "count": count}
+        return str((await self._call("POST", "/holds", body))["id"])
+
+    async def holds(self) -> list[dict[str, Any]]:
+        return list((await self._call("GET", "/holds"))["holds"])
+
+    async def held(self, hold_id: str) -> int:
+        """How many requests ``hold_id`` keeps waiting now."""
+        return next((h["waiting"] for h in await self.holds() if h["id"] == hold_id), 0)
+
+    async def release(self, hold_id: str) -> dict[str, Any]:
+        return await self._call("POST", f"/holds/{hold_id}:release")
+
     # ----------------------------------------------------------------- stats
 
     async def stats(self) -> dict[str, Any]:

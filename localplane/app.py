@@ -35,6 +35,7 @@ from localplane.errors import (
     install_error_handlers,
 )
 from localplane.events import EVENT_TYPE
+from localplane.holds import HoldRequests
 from localplane.plane import Plane, Principal
 from localplane.storage import JobRecord
 from localplane.validation import validate_create
@@ -209,6 +210,7 @@ def create_app(plane: Plane) -> FastAPI:
     app.state.plane = plane
     install_error_handlers(app)
     app.add_middleware(ControlPlaneFaults, plane=lambda: plane)
+    app.add_middleware(HoldRequests, holds=plane.holds)
 
     async def principal(request: Request) -> Principal:
         return plane.authenticate(request.headers)
@@ -389,6 +391,10 @@ def create_app(plane: Plane) -> FastAPI:
     async def get_model(m: str, a: str = Depends(account_access)) -> dict[str, Any]:
         return plane.promotion.model(a, m)
 
+    @v1.delete("/accounts/{a}/models/{m}")
+    async def delete_model(m: str, a: str = Depends(account_access)) -> dict[str, Any]:
+        return plane.promotion.delete_model(a, m)
+
     app.include_router(v1)
 
     # -------------------------------------------------------------- gateway
@@ -437,6 +443,18 @@ def create_app(plane: Plane) -> FastAPI:
     @admin.delete("/faults")
     async def reset_faults() -> dict[str, Any]:
         return plane.reset_config().wire()
+
+    @admin.get("/holds")
+    async def list_holds() -> dict[str, Any]:
+        return {"holds": plane.holds.list()}
+
+    @admin.post("/holds")
+    async def add_hold(request: Request) -> dict[str, Any]:
+        return plane.holds.add(await json_body(request)).wire()
+
+    @admin.post("/holds/{hold_id}:release")
+    async def release_hold(hold_id: str) -> dict[str, Any]:
+        return plane.holds.release(hold_id)
 
     @admin.get("/stats")
     async def stats() -> dict[str, Any]:

@@ -53,6 +53,10 @@ class AlreadyExists(PlaneError):
     code, status = 409, "ALREADY_EXISTS"
 
 
+class ResourceExhausted(PlaneError):
+    code, status = 429, "RESOURCE_EXHAUSTED"
+
+
 class Internal(PlaneError):
     code, status = 500, "INTERNAL"
 

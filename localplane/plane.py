@@ -18,6 +18,7 @@ from localplane.config import PlaneConfig, PlaneSettings
 from localplane.errors import InvalidArgument, PermissionDenied, Unauthenticated
 from localplane.events import EventBus
 from localplane.gateway import Gateway
+from localplane.holds import Holds
 from localplane.jobs import JobService, now_rfc3339
 from localplane.promotion import PromotionService
 from localplane.storage import Storage
@@ -80,6 +81,7 @@ class Plane:
             self.keys_file,
         )
         self.promotion = PromotionService(self.storage, self.data_dir, lambda: self.config)
+        self.holds = Holds()
         self.api_key, self.admin_key = self._ensure_keys()
 
     # ------------------------------------------------------------ lifecycle
@@ -177,6 +179,7 @@ class Plane:
         return self.config
 
     def reset_config(self) -> PlaneConfig:
+        self.holds.release_all()  # a reset leaves no request waiting
         self.config = PlaneConfig()
         self._config_changed()
         return self.config
