@@ -77,6 +77,24 @@ class PromotionActivities:
             non_retryable=True,
         )
 
+    @activity.defn(name="retract_model")
+    async def retract_model(self, inp: PromoteInput) -> bool:
+        """A job cancelled while promoting takes its model back: the output model is deleted
+        if it is this job's (made, or being made, from ``inp.checkpoint``); a model of another
+        checkpoint is never touched. True if a model was deleted."""
+        client = self.clients.client(inp.backend)
+        try:
+            model = await client.get_model(inp.model_id)
+            if model.checkpoint != inp.checkpoint:
+                return False
+            await client.delete_model(inp.model_id)
+        except NotFound:
+            return False
+        except PlatformError as exc:
+            raise translate(exc, f"taking back model {inp.model_id}") from None
+        log(trainer_job_id=inp.trainer_job_id).info("model.retracted", model=inp.model_id)
+        return True
+
     @activity.defn(name="wait_for_model")
     async def wait_for_model(self, inp: PromoteInput) -> ModelInfo:
         client = self.clients.client(inp.backend)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -189,6 +190,21 @@ class PromotionService:
         model["state"] = "READY"
         self.storage.put_model(account, model_id, model, create=False)
         self.storage.finish_operation(account, op_id, None)
+
+    def delete_model(self, account: str, model_id: str) -> dict[str, Any]:
+        """Delete a model (and its weights). A promotion still in progress is cancelled:
+        its operation ends with CANCELLED and the model never becomes READY."""
+        if self.storage.get_model(account, model_id) is None:
+            raise NotFound(f"model accounts/{account}/models/{model_id} not found")
+        for row in self.storage.unfinished_operations_of(account, model_id):
+            self.storage.finish_operation(
+                account,
+                row["op_id"],
+                {"code": 499, "status": "CANCELLED", "message": "the model was deleted"},
+            )
+        self.storage.delete_model(account, model_id)
+        shutil.rmtree(self.data_dir / "models" / account / model_id, ignore_errors=True)
+        return {}
 
     # ---------------------------------------------------------------- reads
 

@@ -273,6 +273,12 @@ class Storage:
         )
         return cur.rowcount == 1
 
+    def delete_model(self, account_id: str, model_id: str) -> bool:
+        cur = self.db.execute(
+            "DELETE FROM models WHERE account_id = ? AND model_id = ?", (account_id, model_id)
+        )
+        return cur.rowcount == 1
+
     # ---------------------------------------------------------- operations
 
     def insert_operation(
@@ -292,6 +298,14 @@ class Storage:
         self.db.execute(
             "UPDATE operations SET done = 1, error = ? WHERE account_id = ? AND op_id = ?",
             (json.dumps(error) if error else None, account_id, op_id),
+        )
+
+    def unfinished_operations_of(self, account_id: str, model_id: str) -> list[sqlite3.Row]:
+        return list(
+            self.db.execute(
+                "SELECT * FROM operations WHERE done = 0 AND account_id = ? AND model_id = ?",
+                (account_id, model_id),
+            )
         )
 
     def unfinished_operations(self) -> list[sqlite3.Row]:

@@ -195,6 +195,9 @@ class TrainingJobWorkflow:
         self._session: TrainerSession | None = flags.session
         #: Platform update time of the freshest state observed by polling; older events are stale.
         self._observed_at: datetime | None = None
+        #: The promotion under way (from its request until the model is READY): a cancel
+        #: meanwhile takes the model back (``_finish``).
+        self._promotion: PromoteInput | None = None
         self._pause_requested = False
         self._resume_requested = False
         self._resume_checkpoint: str | None = None
@@ -400,6 +403,11 @@ class TrainingJobWorkflow:
         if not self._current and await self._patched(versions.LAST_LEGACY):
             policy = dataclasses.replace(policy, local=True)  # as it ran then
             self._legacy_complete = True
+        if self._current:
+            # From the create request on, the trainer may exist: a cancel waits for the
+            # create to end and cleanup deletes the id (a trainer created after its delete
+            # would be nobody's).
+            self._trainer_live = True
         job = await self._act(
             ProvisioningActivities.create_trainer,
             CreateTrainerInput(
@@ -413,6 +421,7 @@ class TrainingJobWorkflow:
             ),
             policy,
             f"create trainer {self.s.trainer_job_id}",
+            wait_for_cancel=self._current,
         )
         self._trainer_live = True  # from here on, cleanup must delete it
         self._observe(job)
@@ -935,11 +944,16 @@ class TrainingJobWorkflow:
             model_id=output.model_id,
             base_model=self.spec.trainer.base_model,
         )
+        if self._current:
+            self._promotion = request
+        # A cancel waits for the promote call to end, so that taking the model back comes
+        # after it: a promotion the platform finishes later would bring the model back.
         model: ModelInfo = await self._act(
             PromotionActivities.promote_checkpoint,
             request,
             self.pol.promote,
             f"promote {chosen.name.rsplit('/', 1)[-1]}",
+            wait_for_cancel=self._current,
         )
         if model.state != "READY":
             model = await self._act(
@@ -948,6 +962,7 @@ class TrainingJobWorkflow:
                 self.pol.wait_model,
                 "wait for the model",
             )
+        self._promotion = None
         self.s.model = model
         self._upsert([sa.MODEL.value_set(model.name)])
 
@@ -1014,6 +1029,14 @@ class TrainingJobWorkflow:
         self.s.error = error
         try:
             await self._delete_trainer()
+            if phase is Phase.CANCELLED and self._promotion is not None:
+                await self._act(
+                    PromotionActivities.retract_model,
+                    self._promotion,
+                    self.pol.retract_model,
+                    "take the promoted model back",
+                    cleanup=True,
+                )
         except ActivityError as err:
             self.s.cleanup = f"failed: {getattr(_root(err), 'message', str(err))}"
         if self.s.cleanup == "pending":
@@ -1053,7 +1076,11 @@ class TrainingJobWorkflow:
         *,
         timeout_type: str = "Timeout",
         cleanup: bool = False,
+        wait_for_cancel: bool = False,
     ) -> T:
+        """Run one activity under ``policy``. ``cleanup``: sent even after a cancel request.
+        ``wait_for_cancel``: a cancel waits until the activity has ended (it may have had its
+        effect), instead of leaving it behind."""
         if not cleanup:
             self._stop_if_cancelled()
         try:
@@ -1061,9 +1088,12 @@ class TrainingJobWorkflow:
                 return await workflow.execute_local_activity_method(
                     fn, arg, **policy.options(), summary=summary
                 )
-            return await workflow.execute_activity_method(
-                fn, arg, **(await self._options(policy)), summary=summary
-            )
+            options = await self._options(policy)
+            if wait_for_cancel:
+                options["cancellation_type"] = (
+                    workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED
+                )
+            return await workflow.execute_activity_method(fn, arg, **options, summary=summary)
         except ActivityError as err:
             self._raise_mapped(err, timeout_type, summary)
 
@@ -1157,12 +1187,22 @@ class TrainingJobWorkflow:
         return err
 
     def _observe(self, job: PlatformJob) -> None:
-        if job.trainer_job_id == self.s.trainer_job_id:
-            self.s.platform_state = job.state
-            self.s.platform_message = job.message
-            self._event_state, self._event_message = job.state, job.message
-            if job.update_time is not None:
-                self._observed_at = job.update_time
+        if job.trainer_job_id != self.s.trainer_job_id:
+            return
+        if self._current and self._stale(job.update_time):
+            # A poll's answer is a moment ago; an event since (the death of a trainer whose
+            # RUNNING the poll saw, say) is the truth now.
+            return
+        self.s.platform_state = job.state
+        self.s.platform_message = job.message
+        self._event_state, self._event_message = job.state, job.message
+        if job.update_time is not None:
+            self._observed_at = job.update_time
+
+    def _stale(self, when: datetime | None) -> bool:
+        """Whether a state the platform reported as of ``when`` is older than the freshest
+        state the workflow holds (from a poll or, in current runs, an event)."""
+        return bool(self._observed_at and when and when < self._observed_at)
 
     def _set_phase(self, phase: Phase) -> None:
         now = workflow.now()
@@ -1237,9 +1277,11 @@ class TrainingJobWorkflow:
     def platform_event(self, event: PlatformEvent) -> None:
         if event.trainer_job_id != self.s.trainer_job_id or event.event_id <= self._event_id:
             return
-        if self._observed_at and event.event_time and event.event_time < self._observed_at:
+        if self._stale(event.event_time):
             return  # older than what a poll already showed (e.g. the death before a resume)
         self._event_id = event.event_id
+        if self._current and event.event_time is not None:
+            self._observed_at = event.event_time  # newer than any poll's answer before it
         self._event_state, self._event_message = event.state, event.message
         self.s.platform_state, self.s.platform_message = event.state, event.message
 

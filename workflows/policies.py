@@ -285,6 +285,9 @@ class Policies:
     prune: ActivityPolicy
     #: Cleanup retries until it succeeds: a leaked trainer burns GPUs for days.
     delete_trainer: ActivityPolicy
+    #: A cancel during promotion takes the model back, retried like cleanup (a model left
+    #: behind says the cancelled job promoted), until the platform refuses for good.
+    retract_model: ActivityPolicy
     #: Budgets enforced by the workflow.
     max_preemptions: int
     max_failures: int
@@ -353,6 +356,16 @@ class Policies:
                     maximum_interval=timedelta(seconds=60),
                     maximum_attempts=0,  # until it succeeds
                     non_retryable_error_types=[BACKEND_MISCONFIGURED],
+                ),
+            ),
+            retract_model=ActivityPolicy(
+                start_to_close=timedelta(seconds=45),
+                retry=RetryPolicy(
+                    initial_interval=timedelta(seconds=1),
+                    backoff_coefficient=2.0,
+                    maximum_interval=timedelta(seconds=60),
+                    maximum_attempts=0,
+                    non_retryable_error_types=PERMANENT,
                 ),
             ),
             max_preemptions=p.max_preemptions,

@@ -356,6 +356,11 @@ class PlatformClient:
         body = await self._t.request("GET", f"{await self._account_url()}/models/{_q(model_id)}")
         return Model.model_validate(body)
 
+    async def delete_model(self, model_id: str) -> None:
+        """Delete a model; a promotion still making it is cancelled (it never gets READY)."""
+        model_id = model_id.rsplit("/", 1)[-1]
+        await self._t.request("DELETE", f"{await self._account_url()}/models/{_q(model_id)}")
+
     # ------------------------------------------------------------------ events
 
     async def watch_jobs(
