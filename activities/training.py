@@ -215,13 +215,16 @@ class TrainingActivities:
             async with keepalive(progress, policies.KEEPALIVE):
                 for step in range(start_step + 1, inp.last_step + 1):
                     task = asyncio.ensure_future(one_step(step))
+                    optim_steps = tc.optim_steps
                     try:
                         done(step, await asyncio.shield(task))
                     except asyncio.CancelledError:
-                        # Asked to stop (a pause, or the trainer died): finish the step in
-                        # flight so the model is at a step boundary, then report exactly.
+                        # Asked to stop (a pause, a cancel, the trainer died): finish the
+                        # step in flight so the model is at a step boundary, then report.
                         with contextlib.suppress(Exception):
                             done(step, await asyncio.wait_for(task, inp.step_timeout_s))
+                        if progress["step"] < step:
+                            await self._abandon(tc, progress, step, optim_steps)
                         tc.cancel_pending()
                         return self._result(progress, losses, races, partial=True)
         except RouteNotFound:
@@ -262,6 +265,28 @@ class TrainingActivities:
         result = self._result(progress, losses, races, partial=False)
         result.steps_skipped = skipped
         return result
+
+    @staticmethod
+    async def _abandon(
+        tc: TrainingClient, progress: dict[str, Any], step: int, optim_steps: int
+    ) -> None:
+        """The step in flight outlived the wait: the trainer still applies what of it was
+        submitted, in ``seq_id`` order, whatever we do now. So every ``seq_id`` it took
+        stays taken (``next_seq`` moves past them: the next operation, e.g. a pause's save,
+        must not reuse one), each is made sure to reach the trainer (a missing one would
+        hold the save behind it), and the step counts as applied once its ``optim_step``
+        was submitted: a save ordered after it holds it."""
+        with contextlib.suppress(PlatformError):
+            await tc.confirm_submitted()
+        progress["next_seq"] = tc.next_seq
+        if tc.optim_steps > optim_steps:
+            progress["step"] = step
+        log().warning(
+            "chunk.step_abandoned",
+            step=step,
+            applied=progress["step"] == step,
+            next_seq=tc.next_seq,
+        )
 
     @staticmethod
     def _result(

@@ -188,7 +188,13 @@ class TrainingClient:
         self.next_seq = next_seq
         self.timeout = timeout
         self._info = info
+        #: Everything submitted and not yet settled: sequenced operations and samples alike,
+        #: so that a step boundary (``drain``) is one in fact.
         self._pending: set[asyncio.Future[Any]] = set()
+        #: Sequenced operations the trainer has not yet confirmed receiving, by seq_id.
+        self._unconfirmed: dict[int, tuple[str, dict[str, Any]]] = {}
+        #: optim_step operations handed a seq_id so far (each one is a training step).
+        self.optim_steps = 0
         self._sample_mark = (next_seq, 0)
 
     # -- sequenced operations ----------------------------------------------------
@@ -198,14 +204,21 @@ class TrainingClient:
     ) -> APIFuture[T]:
         seq, self.next_seq = self.next_seq, self.next_seq + 1
         body = {**body, "model_id": self.model_id, "seq_id": seq}
+        self._unconfirmed[seq] = (op, body)
+        if op == "optim_step":
+            self.optim_steps += 1
 
         async def run() -> T:
-            return convert(await self.trainer.call(op, body, timeout=self.timeout))
+            request_id = await self.trainer.submit(op, body)
+            self._unconfirmed.pop(seq, None)
+            return convert(await self.trainer.result(request_id, timeout=self.timeout))
 
-        task = asyncio.ensure_future(run())
+        return APIFuture(self._track(asyncio.ensure_future(run())))
+
+    def _track(self, task: asyncio.Future[T]) -> asyncio.Future[T]:
         self._pending.add(task)
         task.add_done_callback(self._settled)
-        return APIFuture(task)
+        return task
 
     def _settled(self, task: asyncio.Future[Any]) -> None:
         self._pending.discard(task)
@@ -295,6 +308,7 @@ class TrainingClient:
             timeout=self.timeout,
             tokenizer_name=self.tokenizer_name,
             next_sample_seq=self._next_sample_seq,
+            track=self._track,
         )
 
     def _next_sample_seq(self) -> int:
@@ -338,6 +352,7 @@ class TrainingClient:
             tokenizer_name=self.tokenizer_name,
             next_sample_seq=self._next_sample_seq,
             sampling_session_id=sampling_session_id,
+            track=self._track,
         )
 
     # -- information ----------------------------------------------------------------
@@ -356,9 +371,20 @@ class TrainingClient:
         return load_tokenizer(self.tokenizer_name)
 
     async def drain(self) -> None:
-        """Wait for every operation submitted so far (the step's boundary)."""
+        """Wait for every operation and sample submitted so far (the step's boundary)."""
         while self._pending:
             await asyncio.gather(*list(self._pending))
+
+    async def confirm_submitted(self) -> None:
+        """Make sure the trainer holds every operation handed a ``seq_id`` so far, sending
+        again (same ``seq_id``, same body: the trainer dedupes) any whose submission was not
+        confirmed. Once a step is abandoned (a pause or a cancel stopped it), the trainer
+        still applies, in ``seq_id`` order, whatever of it reached it; a ``seq_id`` that
+        never did would hold every later operation of the model, the next save included."""
+        for seq in sorted(self._unconfirmed):
+            op, body = self._unconfirmed[seq]
+            await self.trainer.submit(op, body)
+            self._unconfirmed.pop(seq, None)
 
     def cancel_pending(self) -> None:
         for task in list(self._pending):
@@ -403,8 +429,11 @@ class SamplingClient:
         next_sample_seq: Callable[[], int],
         tokenizer_name: str | None = None,
         sampling_session_id: str | None = None,
+        track: Callable[[asyncio.Future[Any]], asyncio.Future[Any]] | None = None,
     ) -> None:
         self.trainer = trainer
+        #: Registers a sample with its training client, whose step boundary waits for it.
+        self._track = track or (lambda task: task)
         self.session_id = session_id
         self.sampling_session_seq_id = sampling_session_seq_id
         self._next_sample_seq = next_sample_seq
@@ -452,7 +481,7 @@ class SamplingClient:
             )
             return sample_response(raw)
 
-        return APIFuture(asyncio.ensure_future(run()))
+        return APIFuture(self._track(asyncio.ensure_future(run())))
 
     async def sample_async(
         self, prompt: Any, num_samples: int, sampling_params: Any, **kwargs: Any
