@@ -10,6 +10,7 @@ import signal
 import stat
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from shepherd.phases import Phase
 from shepherd.spec import validate_spec
 from shepherd.temporal import TemporalSettings, connect
 from tests.helpers import trainer_pids
+from tests.replay import replay_since
 from workers.devstack import free_port, http_ok, tcp_open, wait_until
 
 
@@ -95,9 +97,12 @@ async def test_dev_brings_everything_up_runs_a_job_and_stops_cleanly(tmp_path: P
                 "output": {"model_id": "devstack-model"},
             }
         )
+        since = datetime.now(UTC)
         handle = await start_job(client, spec, task_queue=info["task_queue"])
         result = await handle.result()
         assert result.phase is Phase.COMPLETED and result.model is not None
+        # The stack's own server: its workflows replay as the session's do (tests/replay.py).
+        assert await replay_since(client, since, "dev stack") >= 1
 
         # The CLI in another shell links to this stack's Web UI port, not the default one.
         link = await asyncio.to_thread(
@@ -137,6 +142,7 @@ def test_demo_succeeds(tmp_path: Path) -> None:
     assert "COMPLETED" in done.stdout and "demo succeeded" in done.stdout
     assert "recovery 1: preemption" in done.stdout
     assert "trainers still running on the plane: 0" in done.stdout
+    assert "replays against this code" in done.stdout  # (the demo's own server: tests/replay.py)
     assert_keys_kept_secret(tmp_path / "demo", done.stdout + done.stderr)
 
 

@@ -17,6 +17,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from temporalio.client import WorkflowFailureError
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
 
 from localplane.admin import PlaneAdmin
 from shepherd.jobs import start_job
@@ -25,6 +27,7 @@ from shepherd.phases import Phase
 from shepherd.spec import load_spec
 from shepherd.temporal import TemporalSettings, connect
 from workers.devstack import SIGNALS, DevStack, Stopping, free_port, run_until_signalled
+from workers.main import WORKFLOWS
 
 QUICKSTART = Path(__file__).resolve().parent.parent / "examples" / "quickstart.yaml"
 
@@ -98,6 +101,11 @@ async def _run(stack: DevStack, console: Console, spec_path: Path) -> bool:
                 note=f"recoveries {len(final.recoveries)}",
             )
         stats = await admin.stats()
+    # What durability rests on: the job's history rebuilds it, event for event, on this code.
+    history = await handle.fetch_history()
+    replayed = await Replayer(
+        workflows=WORKFLOWS, data_converter=pydantic_data_converter
+    ).replay_workflow(history, raise_on_replay_failure=False)
     job_stats = stats["jobs"].get(f"accounts/dev/rlorTrainerJobs/{final.trainer_job_id}", {})
     console.print()
     console.print(
@@ -118,12 +126,17 @@ async def _run(stack: DevStack, console: Console, spec_path: Path) -> bool:
     if final.model:
         console.print(f"  model: [bold]{final.model.name}[/bold] ({final.model.state})")
     console.print(f"  trainers still running on the plane: {stats['liveTrainers']}")
+    if replayed.replay_failure is None:
+        console.print(f"  history: {len(history.events)} events, replays against this code")
+    else:
+        console.print(f"[red]  history does not replay: {replayed.replay_failure}[/red]")
     console.print(f"  Web UI: {ui_link}")
     return (
         final.phase is Phase.COMPLETED
         and final.model is not None
         and final.model.state == "READY"
         and stats["liveTrainers"] == 0
+        and replayed.replay_failure is None
     )
 
 

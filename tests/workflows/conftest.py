@@ -10,6 +10,7 @@ import re
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +27,11 @@ from shepherd import search_attributes as sa
 from shepherd.models import JobInput, JobStatus
 from shepherd.spec import JobSpec, validate_spec
 from tests.helpers import Account
+from tests.replay import replay_since
 from workers.config import BackendProfile, BackendRegistry
 from workers.devstack import free_port
 from workers.events import EventBridge
-from workers.main import workers_for
+from workers.main import WORKFLOWS, workers_for
 from workflows.job import TrainingJobWorkflow
 
 KEY_ENV = "SHEPHERD_TEST_PLANE_KEY"
@@ -51,6 +53,21 @@ async def _record(st: Stack, test_name: str) -> None:
 
 
 UI_PORT = free_port()
+
+
+@pytest.fixture(autouse=True)
+async def replayed(request: pytest.FixtureRequest) -> AsyncIterator[None]:
+    """Every workflow the test ran on the session's Temporal server is replayed against
+    the same code when it ends (tests/replay.py)."""
+    if "temporal_env" not in request.fixturenames:
+        yield
+        return
+    env: WorkflowEnvironment = request.getfixturevalue("temporal_env")
+    since = datetime.now(UTC)
+    yield
+    # A test that runs workflows of its own names them: @pytest.mark.replay_workflows.with_args(...).
+    extra = [w for m in request.node.iter_markers("replay_workflows") for w in m.args]
+    await replay_since(env.client, since, request.node.nodeid, [*WORKFLOWS, *extra])
 
 
 @pytest.fixture(scope="session")

@@ -20,6 +20,7 @@ from shepherd.phases import Phase
 from shepherd.spec import validate_spec
 from shepherd.states import JobState
 from tests.helpers import Account, wait_state
+from tests.replay import replay
 from tests.workflows.conftest import make_registry, worker_for
 from workflows.job import TrainingJobWorkflow
 
@@ -61,6 +62,8 @@ async def test_max_runtime_ends_a_job_stuck_in_the_queue(
         with pytest.raises(WorkflowFailureError) as failed:
             await handle.result()
         status = await handle.query("status", result_type=JobStatus)
+        # No visibility on this server: its one workflow is replayed by its handle.
+        assert await replay([await handle.fetch_history()], "time-skipping") == 1
     await registry.aclose()
     assert failed.value.cause.type == "MaxRuntimeExceeded"  # type: ignore[attr-defined]
     assert status.phase is Phase.FAILED and status.cleanup == "done"
