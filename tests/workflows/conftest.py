@@ -59,7 +59,9 @@ UI_PORT = free_port()
 async def replayed(request: pytest.FixtureRequest) -> AsyncIterator[None]:
     """Every workflow the test ran on the session's Temporal server is replayed against
     the same code when it ends (tests/replay.py)."""
-    if "temporal_env" not in request.fixturenames:
+    if "temporal_env" not in request.fixturenames or request.node.get_closest_marker(
+        "replays_itself"
+    ):
         yield
         return
     env: WorkflowEnvironment = request.getfixturevalue("temporal_env")
