@@ -29,23 +29,26 @@ from temporalio.client import (
     WorkflowExecutionStatus,
     WorkflowFailureError,
     WorkflowHandle,
+    WorkflowQueryFailedError,
 )
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
-from shepherd import preflight
+from shepherd import outcome, preflight
 from shepherd import search_attributes as sa
-from shepherd.jobs import JobPlan, check_workflow_id, plan_job, start_job
+from shepherd.jobs import WORKFLOW_TYPE, JobPlan, check_workflow_id, plan_job, start_job
 from shepherd.models import CheckpointRecord, JobStatus, PauseRequest, PauseResult, ResumeRequest
 from shepherd.phases import Phase
 from shepherd.platform import rules
 from shepherd.preflight import SubmissionRefused
 from shepherd.schedules import Schedules
 from shepherd.spec import (
+    JOB_NAME,
     JobSpec,
     SpecError,
     apply_override,
     input_error,
+    label_problem,
     load_spec_data,
     set_path,
     validate_spec,
@@ -73,13 +76,35 @@ class JobEnded(Exception):
 
 
 async def _ended(handle: WorkflowHandle[Any, Any]) -> str | None:
-    """How the workflow ended (its phase, else Temporal's status), or None while running.
-    Temporal accepts a cancel request for a closed workflow silently, so ask first."""
+    """How the workflow ended (by Temporal's outcome of the run, see shepherd.outcome), or
+    None while running. Temporal accepts a cancel request for a closed workflow silently,
+    so ask first."""
     desc = await handle.describe()
     if desc.status == WorkflowExecutionStatus.RUNNING:
         return None
-    return desc.typed_search_attributes.get(sa.PHASE) or (
-        desc.status.name if desc.status else "ENDED"
+    return outcome.ended_label(desc.typed_search_attributes.get(sa.PHASE), desc.status)
+
+
+def _from_visibility(workflow_id: str, desc: Any, why: BaseException) -> JobStatus:
+    """What visibility alone tells of a job whose workflow cannot answer a query (no
+    worker polls its task queue, or its history no longer replays)."""
+    attrs = desc.typed_search_attributes
+    labels = dict(kv.split("=", 1) for kv in (attrs.get(sa.LABELS) or []) if "=" in kv)
+    reason = getattr(why, "message", None) or str(why)
+    return JobStatus(
+        workflow_id=workflow_id,
+        name=attrs.get(sa.JOB_NAME) or "",
+        labels=labels,
+        phase=Phase(attrs.get(sa.PHASE) or Phase.PENDING.value),
+        trainer_job_id=attrs.get(sa.TRAINER_JOB_ID),
+        step=attrs.get(sa.STEP) or 0,
+        started_at=desc.start_time,
+        updated_at=desc.close_time or desc.start_time,
+        cleanup="unknown",
+        notices=[
+            f"no worker answered the status query ({reason}); shown from the search "
+            f"attributes (is a worker polling task queue {desc.task_queue!r}?)"
+        ],
     )
 
 
@@ -106,7 +131,8 @@ class JobSummary(BaseModel):
             workflow_id=ex.id,
             run_id=ex.run_id,
             name=attrs.get(sa.JOB_NAME),
-            phase=attrs.get(sa.PHASE),
+            # A closed run shows how it really ended, not the last phase it published.
+            phase=outcome.shown_phase(attrs.get(sa.PHASE), ex.status),
             execution_status=ex.status.name if ex.status else None,
             labels=labels,
             trainer_job_id=attrs.get(sa.TRAINER_JOB_ID),
@@ -130,9 +156,19 @@ def list_query(
     """A visibility query over Shepherd's search attributes (also usable in the Web UI)."""
     clauses = ['WorkflowType = "TrainingJob"']
     for key, value in sorted((labels or {}).items()):
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise input_error("labels", "keys and values must be strings", "argument")
+        if problem := label_problem(key, value):
+            raise input_error("labels", problem, "argument")
         clauses.append(f"{sa.LABELS.name} = {_quote(f'{key}={value}')}")
+    if phase is not None and (not isinstance(phase, str) or phase.upper() not in Phase.__members__):
+        raise input_error("phase", f"must be one of {', '.join(Phase.__members__)}", "argument")
+    if name is not None and (not isinstance(name, str) or not JOB_NAME.match(name)):
+        raise input_error(
+            "name", "must be a job name: 1-40 characters of a-z, 0-9 and '-'", "argument"
+        )
     if phase is not None:
-        clauses.append(f"{sa.PHASE.name} = {_quote(Phase(phase).value)}")
+        clauses.append(outcome.phase_query(Phase(phase.upper())))
     if name is not None:
         clauses.append(f"{sa.JOB_NAME.name} = {_quote(name)}")
     return " AND ".join(clauses)
@@ -215,7 +251,27 @@ class JobHandle:
         return f"JobHandle({self.id!r})"
 
     async def status(self) -> JobStatus:
-        return await self._handle.query("status", result_type=JobStatus)
+        """The job's status as the workflow published it, corrected by how Temporal says
+        the run ended (a terminated run shows TERMINATED, never its last live phase)."""
+        desc = await self._handle.describe()
+        if desc.workflow_type != WORKFLOW_TYPE:
+            what = "a sweep" if desc.workflow_type == "Sweep" else f"a {desc.workflow_type}"
+            hint = (
+                f"; see `shepherd sweep status {self.id}`" if desc.workflow_type == "Sweep" else ""
+            )
+            raise input_error(
+                "workflow_id", f"{self.id!r} is {what} workflow, not a job{hint}", "argument"
+            )
+        try:
+            status = await self._handle.query("status", result_type=JobStatus)
+        except (WorkflowQueryFailedError, RPCError) as exc:
+            if isinstance(exc, RPCError) and exc.status == RPCStatusCode.NOT_FOUND:
+                raise
+            status = _from_visibility(self.id, desc, exc)
+        failure = None
+        if desc.status not in (None, WorkflowExecutionStatus.RUNNING):
+            failure = await outcome.closing_failure(self._handle)
+        return outcome.reconcile(status, desc.status, failure)
 
     async def _live_step(self) -> int:
         """The last step a running chunk reported in its heartbeat (0: none)."""

@@ -129,6 +129,18 @@ JOB_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?\Z")
 BACKEND_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}\Z")
 
 
+def label_problem(key: str, value: str) -> str | None:
+    """Why ``key=value`` cannot be a label (None: it can). The same rule for a spec's labels
+    and for ``list --label``, so every label can be searched for."""
+    if not LABEL_KEY.match(key):
+        return f"label key {key!r} must be 1-63 characters of a-z, 0-9, '_', '.', '/', '-'"
+    # A '"' cannot be searched for: visibility's full-text index of a KeywordList (SQLite's
+    # FTS5) breaks on it, escaped or not.
+    if len(value) > 63 or _control_characters(value) or '"' in value:
+        return f"label {key!r}: values are at most 63 characters on one line, without '\"'"
+    return None
+
+
 class TrainerSpec(SpecModel):
     """What to provision (the platform's create request)."""
 
@@ -355,18 +367,8 @@ class JobSpec(SpecModel):
         if len(value) > 32:
             raise PydanticCustomError("labels", "at most 32 labels")
         for key, val in value.items():
-            if not LABEL_KEY.match(key):
-                raise PydanticCustomError(
-                    "labels",
-                    "label key '{key}' must be 1-63 characters of a-z, 0-9, '_', '.', '/', '-'",
-                    {"key": key},
-                )
-            if len(val) > 63 or _control_characters(val):
-                raise PydanticCustomError(
-                    "labels",
-                    "label '{key}': values are at most 63 characters on one line",
-                    {"key": key},
-                )
+            if problem := label_problem(key, val):
+                raise PydanticCustomError("labels", "{problem}", {"problem": problem})
         return value
 
     @model_validator(mode="after")

@@ -92,6 +92,9 @@ _COMING_UP = frozenset({Phase.QUEUED, Phase.SCHEDULING, Phase.PREPARING})
 #: A trainer that died with these codes was refused by the platform (its configuration, its
 #: data): another trainer would die the same way, so the job fails at once, in its words.
 _REFUSED_CODES = {"INVALID_ARGUMENT", "FAILED_PRECONDITION"}
+#: Patch: a local activity's failure (an unwrapped ApplicationError) is handled like any
+#: activity failure: mapped, and the job finishes FAILED with its cleanup.
+LOCAL_FAILURES_HANDLED = "local-activity-failures-are-handled"
 #: Recoveries caused by the infrastructure, paid from the preemption budget.
 _INFRA_REASONS = {"preemption", "platform_restart", "idle"}
 
@@ -249,6 +252,13 @@ class TrainingJobWorkflow:
         except _Terminal as t:
             await self._finish(t.phase, ErrorInfo(type=t.type, message=t.message))
             raise ApplicationError(t.message, type=t.type, non_retryable=True) from None
+        except ApplicationError as err:
+            # A local activity's own failure (see _act): the job fails as for any other.
+            if not workflow.patched(LOCAL_FAILURES_HANDLED):
+                raise
+            error = ErrorInfo(type=err.type or "ApplicationError", message=err.message)
+            await self._finish(Phase.FAILED, error)
+            raise ApplicationError(error.message, type=error.type, non_retryable=True) from None
         await self._finish(Phase.COMPLETED, None)
         return self.s
 
@@ -1035,14 +1045,23 @@ class TrainingJobWorkflow:
             )
         except ActivityError as err:
             self._raise_mapped(err, timeout_type, summary)
+        except ApplicationError as err:
+            # A local activity's failure reaches the workflow as the activity's own
+            # ApplicationError, not wrapped in an ActivityError (temporalio 1.35): it used to
+            # pass every handler below, so the job failed with its phase never set and no
+            # cleanup run (a refused create showed QUEUED for ever; a failed open_model
+            # leaked its trainer).
+            if not (policy.local and workflow.patched(LOCAL_FAILURES_HANDLED)):
+                raise
+            self._raise_mapped(err, timeout_type, summary)
 
-    def _raise_mapped(self, err: ActivityError, timeout_type: str, what: str) -> NoReturn:
+    def _raise_mapped(self, err: FailureError, timeout_type: str, what: str) -> NoReturn:
         mapped = self._mapped(err, timeout_type, what)
         if mapped is err:
             raise err  # unchanged, cause and all (``from`` would rewrite its cause)
         raise mapped from None
 
-    def _mapped(self, err: ActivityError, timeout_type: str, what: str) -> BaseException:
+    def _mapped(self, err: FailureError, timeout_type: str, what: str) -> BaseException:
         """An activity failure as the workflow's next move: a lost trainer (recovery), a
         terminal error, or — kept intact, cause and all, so a cancellation stays
         recognisable — the original failure."""
