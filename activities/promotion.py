@@ -43,7 +43,7 @@ class PromotionActivities:
                 raise translate(exc, "reading the existing model") from None
             if model.checkpoint != inp.checkpoint:
                 raise ApplicationError(
-                    f"output.model_id: model {model.name} already exists (from {model.checkpoint})",
+                    f"{inp.field}: model {model.name} already exists (from {model.checkpoint})",
                     type=policies.MODEL_EXISTS,
                     non_retryable=True,
                 ) from None
@@ -72,7 +72,7 @@ class PromotionActivities:
         except PlatformError as exc:
             raise translate(exc, "checking the output model id") from None
         raise ApplicationError(
-            f"output.model_id: model {model.name} already exists (from {model.checkpoint}); choose another id",
+            f"{inp.field}: model {model.name} already exists (from {model.checkpoint}); choose another id",
             type=policies.MODEL_EXISTS,
             non_retryable=True,
         )

@@ -36,7 +36,14 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from shepherd import outcome, preflight
 from shepherd import search_attributes as sa
-from shepherd.jobs import WORKFLOW_TYPE, JobPlan, check_workflow_id, plan_job, start_job
+from shepherd.jobs import (
+    WORKFLOW_TYPE,
+    JobPlan,
+    check_workers,
+    check_workflow_id,
+    plan_job,
+    start_job,
+)
 from shepherd.models import CheckpointRecord, JobStatus, PauseRequest, PauseResult, ResumeRequest
 from shepherd.phases import Phase
 from shepherd.platform import rules
@@ -499,9 +506,7 @@ class Shepherd:
         elif rerun:
             raise input_error("rerun", "a re-run needs the workflow id to run again", "argument")
         queue = task_queue or spec.base.scheduling.queue or self.task_queue
-        await preflight.check_backend(
-            self.client, spec.base.scheduling.queue or queue, spec.base.backend, "base.backend"
-        )
+        await check_workers(self.client, spec.base, queue, "base.")
         model_id = spec.promote_best.model_id if spec.promote_best else None
         claim = [SearchAttributePair(sa.OUTPUT_MODEL, model_id)] if model_id else []
         handle = await preflight.start_guarded(

@@ -9,6 +9,7 @@ Every rule the platform would reject is checked here with the platform's own rul
 from __future__ import annotations
 
 import json
+import math
 import re
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -33,23 +34,63 @@ from shepherd.platform import rules
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
+# ------------------------------------------------------------------ sane bounds
+#
+# Every duration of a spec is finite and at most MAX_DURATION: a year is longer than any
+# job, wait or timeout Shepherd has a use for, and far inside what Temporal's timers and
+# Python's timedelta hold (".inf" or "99999999999999999999d" used to end in an
+# OverflowError; "100000000d" was accepted and broke Temporal's timeout fields).
+MAX_DURATION = timedelta(days=365)
+#: The shortest value of each policy that a healthy trainer can meet. Below them a job
+#: would hold a trainer only to time out: the creation, the boot or the first step.
+MIN_POLICY: dict[str, timedelta] = {
+    # Waiting for a capacity slot: a busy platform places a job in seconds at best.
+    "pending_timeout": timedelta(seconds=10),
+    # From slot to RUNNING: a trainer's boot takes seconds even on localplane.
+    "ready_timeout": timedelta(seconds=10),
+    # Warm-up: consecutive probes spaced by policies.WARMUP_PROBE_SPACING, and the route
+    # race on top.
+    "warmup_timeout": timedelta(seconds=10),
+    # One optimizer step's call also waits for the trainer's queue and the network: 1 s
+    # is the least a step of the smallest model meets on an idle trainer.
+    "step_timeout": timedelta(seconds=1),
+    # Heartbeats are sent every quarter of it; below 1 s they would be most of the load.
+    "heartbeat_timeout": timedelta(seconds=1),
+    # Polling faster than once a second only loads the platform (and Temporal).
+    "poll_interval": timedelta(seconds=1),
+}
+#: The shortest max_runtime: a job needs about a minute to get a trainer and train at all.
+MIN_MAX_RUNTIME = timedelta(minutes=1)
 
-def parse_duration(value: Any) -> timedelta:
-    """``90``, ``"90s"``, ``"15m"``, ``"1h30m"``, ``"48h"``, ``"2d"`` or a timedelta."""
+_DURATION_RULE = "must be a duration such as '90s', '15m' or '48h'"
+
+
+def _seconds_of(value: Any) -> float:
     if isinstance(value, timedelta):
-        return value
+        return value.total_seconds()
     if isinstance(value, bool):
-        raise PydanticCustomError("duration", "must be a duration such as '90s', '15m' or '48h'")
+        raise PydanticCustomError("duration", _DURATION_RULE)
     if isinstance(value, int | float):
-        return timedelta(seconds=float(value))
+        return float(value)
     if isinstance(value, str):
         text = value.strip().replace(" ", "")
         parts = _DURATION_PART.findall(text)
         if parts and "".join(n + u for n, u in parts) == text:
-            return timedelta(seconds=sum(float(n) * _UNITS[u] for n, u in parts))
+            return sum(float(n) * _UNITS[u] for n, u in parts)
         if re.fullmatch(r"\d+(\.\d+)?", text):
-            return timedelta(seconds=float(text))
-    raise PydanticCustomError("duration", "must be a duration such as '90s', '15m' or '48h'")
+            return float(text)
+    raise PydanticCustomError("duration", _DURATION_RULE)
+
+
+def parse_duration(value: Any) -> timedelta:
+    """``90``, ``"90s"``, ``"15m"``, ``"1h30m"``, ``"48h"``, ``"2d"`` or a timedelta;
+    finite and at most :data:`MAX_DURATION` (see "sane bounds")."""
+    seconds = _seconds_of(value)
+    if not math.isfinite(seconds) or abs(seconds) > MAX_DURATION.total_seconds():
+        raise PydanticCustomError(
+            "duration", f"must be finite and at most {MAX_DURATION.days}d (a year)"
+        )
+    return value if isinstance(value, timedelta) else timedelta(seconds=seconds)
 
 
 def format_duration(td: timedelta) -> str:
@@ -127,6 +168,12 @@ LABEL_KEY = re.compile(r"^[a-z0-9]([a-z0-9_./-]{0,61}[a-z0-9])?\Z")
 LOOP_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,62}\Z")
 JOB_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?\Z")
 BACKEND_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}\Z")
+METRIC_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:/-]{0,63}\Z")
+#: Temporal task queue names Shepherd accepts: no spaces or control characters.
+QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,199}\Z")
+#: The metrics the built-in loops' evaluations report (shepherd.loops declares them on the
+#: loops; a spec naming another one would fail at its first evaluation).
+BUILTIN_LOOP_METRICS: dict[str, tuple[str, ...]] = {"supervised": ("eval_loss",)}
 
 
 def label_problem(key: str, value: str) -> str | None:
@@ -144,7 +191,7 @@ def label_problem(key: str, value: str) -> str | None:
 class TrainerSpec(SpecModel):
     """What to provision (the platform's create request)."""
 
-    base_model: Annotated[str, BeforeValidator(_rule(rules.check_base_model))]
+    base_model: Annotated[str, BeforeValidator(_rule(rules.check_trainer_base_model))]
     #: ``accounts/<a>/trainingShapes/<s>[/versions/<v>]``; None is the manual path.
     training_shape: Annotated[str | None, BeforeValidator(_rule(rules.check_shape_ref))] = None
     lora_rank: Annotated[
@@ -168,6 +215,16 @@ class TrainerSpec(SpecModel):
     extra_args: list[str] = Field(default_factory=list)
     inactivity_timeout: Duration = timedelta(hours=1)
     preemptible: bool = False
+
+    @field_validator("extra_args")
+    @classmethod
+    def _extra_args(cls, value: list[str]) -> list[str]:
+        for i, arg in enumerate(value):
+            if problem := rules.check_extra_arg(arg):
+                raise PydanticCustomError(
+                    "platform_rule", "item {i}: {problem}", {"i": i, "problem": problem}
+                )
+        return value
 
     @field_validator("inactivity_timeout")
     @classmethod
@@ -214,6 +271,16 @@ class TrainingSpec(SpecModel):
     #: Optimizer steps per training activity; defaults to the checkpoint cadence (max 50).
     steps_per_chunk: Int | None = Field(default=None, ge=1, le=10_000)
 
+    @model_validator(mode="after")
+    def _micro_batches(self) -> TrainingSpec:
+        if self.micro_batches > self.batch_size:
+            raise _located(
+                "micro_batches",
+                f"must be <= training.batch_size ({self.batch_size}): a micro-batch holds at "
+                "least one example",
+            )
+        return self
+
     @field_validator("dataset")
     @classmethod
     def _dataset(cls, value: str) -> str:
@@ -253,6 +320,18 @@ class CheckpointSpec(SpecModel):
     keep_last: Int = Field(default=3, ge=1, le=1000)
     #: Tracked metric for "best": ``eval_loss`` (or another key the trainer's evaluate returns).
     metric: str = "eval_loss"
+
+    @field_validator("metric")
+    @classmethod
+    def _metric(cls, value: str) -> str:
+        if not METRIC_NAME.match(value):
+            raise PydanticCustomError(
+                "metric",
+                "must be the name of a metric the loop's evaluation reports (e.g. eval_loss; "
+                "1-64 characters of letters, digits, '_', '.', ':', '/', '-')",
+            )
+        return value
+
     mode: Literal["min", "max"] = "min"
     #: Which checkpoint a recovery reloads.
     resume_from: Literal["last", "best"] = "last"
@@ -280,8 +359,21 @@ class SchedulingSpec(SpecModel):
     @field_validator("max_runtime")
     @classmethod
     def _positive(cls, value: timedelta | None) -> timedelta | None:
-        if value is not None and value <= timedelta(0):
-            raise PydanticCustomError("duration", "must be positive")
+        if value is not None and value < MIN_MAX_RUNTIME:
+            raise PydanticCustomError(
+                "duration", f"must be at least {format_duration(MIN_MAX_RUNTIME)}"
+            )
+        return value
+
+    @field_validator("queue")
+    @classmethod
+    def _queue(cls, value: str | None) -> str | None:
+        if value is not None and not QUEUE_NAME.match(value):
+            raise PydanticCustomError(
+                "queue",
+                "must be a task queue name: 1-200 characters of letters, digits, '.', '_', "
+                "':', '/' and '-'",
+            )
         return value
 
 
@@ -323,8 +415,9 @@ class PoliciesSpec(SpecModel):
         ):
             if getattr(self, name) <= timedelta(0):
                 raise _located(name, "must be positive")
-        if self.poll_interval < timedelta(seconds=1):
-            raise _located("poll_interval", "must be at least 1s")
+        for name, least in MIN_POLICY.items():
+            if getattr(self, name) < least:
+                raise _located(name, f"must be at least {format_duration(least)}")
         return self
 
 
@@ -383,6 +476,16 @@ class JobSpec(SpecModel):
         if self.output.promote == "best" and not self.checkpoint.evaluate:
             raise _located(
                 "output.promote", "'best' needs checkpoint.evaluate: true (the best is measured)"
+            )
+        reports = BUILTIN_LOOP_METRICS.get(self.training.loop)
+        if (
+            reports is not None
+            and self.checkpoint.evaluate
+            and self.checkpoint.metric not in reports
+        ):
+            raise _located(
+                "checkpoint.metric",
+                f"the built-in loop {self.training.loop!r} reports only {', '.join(reports)}",
             )
         if self.checkpoint.resume_from == "best" and not self.checkpoint.evaluate:
             raise _located("checkpoint.resume_from", "'best' needs checkpoint.evaluate: true")
@@ -487,6 +590,45 @@ def validate_spec(data: Any, source: str | None = None) -> JobSpec:
         raise SpecError(problems_from(exc), source) from None
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a mapping that repeats a key (which YAML's loaders
+    accept silently, the last one winning: a spec would run with half its section lost)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # "<<: *base": overriding merged keys is what merging is for
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                first = seen.get(key)
+            except TypeError:
+                continue  # an unhashable key: the base loader reports it
+            if first is not None:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"duplicate key {key!r} (first on line {first + 1})",
+                    key_node.start_mark,
+                )
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(text: str) -> Any:
+    """YAML as a spec reads it: safe, and a repeated key is an error."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key {key!r}")
+        out[key] = value
+    return out
+
+
 def load_spec_data(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     try:
@@ -496,8 +638,12 @@ def load_spec_data(path: str | Path) -> dict[str, Any]:
             [SpecProblem(field="spec", rule=f"cannot read {path}: {exc.strerror}")], str(path)
         ) from None
     try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        data = (
+            json.loads(text, object_pairs_hook=_unique_pairs)
+            if path.suffix == ".json"
+            else load_yaml(text)
+        )
+    except (ValueError, yaml.YAMLError) as exc:
         raise SpecError(
             [
                 SpecProblem(
@@ -533,7 +679,11 @@ def apply_override(data: dict[str, Any], item: str) -> None:
     key, sep, raw = item.partition("=")
     if not sep or not key:
         raise input_error(item, "an override must be path.to.field=value", "override")
-    set_path(data, key.strip(), yaml.safe_load(raw) if raw else "")
+    try:
+        value = load_yaml(raw) if raw else ""
+    except yaml.YAMLError as exc:
+        raise input_error(key.strip(), f"not a YAML value: {exc}", "override") from None
+    set_path(data, key.strip(), value)
 
 
 def set_path(data: dict[str, Any], path: str, value: Any) -> None:

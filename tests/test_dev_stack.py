@@ -89,7 +89,7 @@ async def test_dev_brings_everything_up_runs_a_job_and_stops_cleanly(tmp_path: P
         spec = validate_spec(
             {
                 "name": "devstack",
-                "trainer": {"base_model": "m"},
+                "trainer": {"base_model": "accounts/fireworks/models/qwen3-8b"},
                 "training": {"total_steps": 10},
                 "checkpoint": {"every_steps": 5},
                 "output": {"model_id": "devstack-model"},

@@ -35,6 +35,7 @@ from temporalio.exceptions import (
 with workflow.unsafe.imports_passed_through():
     from activities.checkpoints import CheckpointActivities
     from activities.claims import MODEL_CLAIMED, ClaimActivities, ClaimInput
+    from activities.preflight import PreflightActivities
     from activities.promotion import PromotionActivities
     from activities.provisioning import ProvisioningActivities
     from activities.readiness import ReadinessActivities
@@ -60,6 +61,7 @@ with workflow.unsafe.imports_passed_through():
         PauseResult,
         PlatformEvent,
         PlatformJob,
+        PreflightInput,
         PromoteInput,
         PruneCheckpointsInput,
         RecoveryRecord,
@@ -95,6 +97,8 @@ _REFUSED_CODES = {"INVALID_ARGUMENT", "FAILED_PRECONDITION"}
 #: Patch: a local activity's failure (an unwrapped ApplicationError) is handled like any
 #: activity failure: mapped, and the job finishes FAILED with its cleanup.
 LOCAL_FAILURES_HANDLED = "local-activity-failures-are-handled"
+#: Patch: the job's first activity checks what only a worker can (activities/preflight.py).
+PREFLIGHT = "preflight-before-provisioning"
 #: Recoveries caused by the infrastructure, paid from the preemption budget.
 _INFRA_REASONS = {"preemption", "platform_restart", "idle"}
 
@@ -300,6 +304,8 @@ class TrainingJobWorkflow:
                 self._fill_templates()
                 if workflow.patched("claim-templated-model-id"):
                     await self._claim_model()
+            if workflow.patched(PREFLIGHT):
+                await self._preflight()
             if self.spec.trainer.training_shape and self._shape_version is None:
                 shape = await self._act(
                     ProvisioningActivities.resolve_shape,
@@ -339,6 +345,25 @@ class TrainingJobWorkflow:
                 continue
         await self._final_evaluation()
         await self._promote()
+
+    async def _preflight(self) -> None:
+        """What only a worker can check (the loop, the metric it reports, the dataset,
+        the base model), before anything is provisioned: a failure ends the job here,
+        naming every field (activities/preflight.py)."""
+        c, tr = self.spec.checkpoint, self.spec.training
+        await self._act(
+            PreflightActivities.preflight,
+            PreflightInput(
+                backend=self.spec.backend,
+                base_model=self.spec.trainer.base_model,
+                loop=tr.loop,
+                metric=c.metric if c.evaluate else None,
+                dataset=tr.dataset,
+                validation_split=tr.validation_split,
+            ),
+            self.pol.lookup,
+            "preflight: loop, metric, dataset, base model",
+        )
 
     def _fill_templates(self) -> None:
         """A scheduled run: fill the spec's templates with this run's scheduled time."""

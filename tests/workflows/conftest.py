@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
@@ -24,6 +25,7 @@ from localplane.process import PlaneProcess
 from shepherd import binaries
 from shepherd import search_attributes as sa
 from shepherd.models import JobInput, JobStatus
+from shepherd.preflight import pollers
 from shepherd.spec import JobSpec, validate_spec
 from tests.helpers import Account
 from workers.config import BackendProfile, BackendRegistry
@@ -157,6 +159,15 @@ async def worker_for(
         yield workers[0]
 
 
+async def until_polled(client: Client, task_queue: str, timeout: float = 30.0) -> None:
+    """Until the server lists a poller of ``task_queue`` for workflows and for activities."""
+    kinds = (TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW, TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY)
+    async with asyncio.timeout(timeout):
+        for kind in kinds:
+            while not await pollers(client, task_queue, kind):
+                await asyncio.sleep(0.05)
+
+
 @pytest.fixture
 async def stack(
     client: Client,
@@ -171,6 +182,8 @@ async def stack(
     bridge = EventBridge(client, registry) if events else None
     st = Stack(client, plane, admin, account, task_queue, registry, bridge)
     async with worker_for(client, task_queue, registry):
+        # A submission refuses a queue no worker polls: wait until the server lists ours.
+        await until_polled(client, task_queue)
         bridge_task = asyncio.create_task(bridge.run()) if bridge else None
         try:
             yield st
