@@ -20,7 +20,7 @@ import secrets
 from collections.abc import AsyncIterator, Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, Field
 from temporalio.client import (
@@ -46,7 +46,6 @@ from shepherd.jobs import (
 )
 from shepherd.models import CheckpointRecord, JobStatus, PauseRequest, PauseResult, ResumeRequest
 from shepherd.phases import Phase
-from shepherd.platform import rules
 from shepherd.preflight import SubmissionRefused
 from shepherd.schedules import Schedules
 from shepherd.spec import (
@@ -63,6 +62,8 @@ from shepherd.spec import (
 from shepherd.sweep import SweepInput, SweepSpec, SweepStatus, load_sweep, validate_sweep
 from shepherd.temporal import TemporalSettings, connect
 
+T = TypeVar("T")
+
 
 class JobFailed(Exception):
     """The job ended FAILED, PREEMPTED or CANCELLED; ``status`` says how and why."""
@@ -74,12 +75,35 @@ class JobFailed(Exception):
 
 
 class JobEnded(Exception):
-    """The job (or sweep) had already ended: there is nothing to cancel."""
+    """The job (or sweep) had already ended: there is nothing to cancel (pause, resume)."""
 
-    def __init__(self, workflow_id: str, outcome: str) -> None:
-        super().__init__(f"{workflow_id} had already ended ({outcome}); nothing to cancel")
+    def __init__(self, workflow_id: str, outcome: str, action: str = "cancel") -> None:
+        super().__init__(f"{workflow_id} had already ended ({outcome}); nothing to {action}")
         self.workflow_id = workflow_id
         self.outcome = outcome
+        self.action = action
+
+
+def own_checkpoint(
+    workflow_id: str, status: JobStatus, spec: JobSpec | None, name: str, field: str
+) -> str:
+    """``name`` (a full name, or a short one such as ``step-00000040``) as the full name of
+    one of this job's checkpoints: the ones it keeps, the one a pause saved, the one it
+    started from. Anything else is refused: resuming from another job's weights (or
+    account's) would silently make this job that one."""
+    known = [c.name for c in status.checkpoints]
+    known += [n for n in (status.paused_checkpoint, spec and spec.training.resume_from) if n]
+    if name in known:
+        return name
+    by_short = {n.rsplit("/", 1)[-1]: n for n in known}
+    if name in by_short:
+        return by_short[name]
+    shorts = ", ".join(sorted(by_short)) or "none yet"
+    raise input_error(
+        field,
+        f"{name[:200]!r} is not a checkpoint of {workflow_id} (its checkpoints: {shorts})",
+        "argument",
+    )
 
 
 async def _ended(handle: WorkflowHandle[Any, Any]) -> str | None:
@@ -90,6 +114,16 @@ async def _ended(handle: WorkflowHandle[Any, Any]) -> str | None:
     if desc.status == WorkflowExecutionStatus.RUNNING:
         return None
     return outcome.ended_label(desc.typed_search_attributes.get(sa.PHASE), desc.status)
+
+
+def _require_job(workflow_id: str, workflow_type: str | None) -> None:
+    if workflow_type == WORKFLOW_TYPE:
+        return
+    if workflow_type == "Sweep":
+        what = f"a sweep, not a job; see `shepherd sweep status {workflow_id}`"
+    else:
+        what = f"a {workflow_type} workflow, not a Shepherd job"
+    raise input_error("workflow_id", f"{workflow_id!r} is {what}", "argument")
 
 
 def _from_visibility(workflow_id: str, desc: Any, why: BaseException) -> JobStatus:
@@ -261,14 +295,7 @@ class JobHandle:
         """The job's status as the workflow published it, corrected by how Temporal says
         the run ended (a terminated run shows TERMINATED, never its last live phase)."""
         desc = await self._handle.describe()
-        if desc.workflow_type != WORKFLOW_TYPE:
-            what = "a sweep" if desc.workflow_type == "Sweep" else f"a {desc.workflow_type}"
-            hint = (
-                f"; see `shepherd sweep status {self.id}`" if desc.workflow_type == "Sweep" else ""
-            )
-            raise input_error(
-                "workflow_id", f"{self.id!r} is {what} workflow, not a job{hint}", "argument"
-            )
+        _require_job(self.id, desc.workflow_type)
         try:
             status = await self._handle.query("status", result_type=JobStatus)
         except (WorkflowQueryFailedError, RPCError) as exc:
@@ -344,16 +371,40 @@ class JobHandle:
         finally:
             result.cancel()
 
+    async def _live_job(self, action: str) -> None:
+        """Refuse ``action`` on a workflow that is not a job, or a job that has ended."""
+        desc = await self._handle.describe()
+        _require_job(self.id, desc.workflow_type)
+        if desc.status != WorkflowExecutionStatus.RUNNING:
+            label = outcome.ended_label(desc.typed_search_attributes.get(sa.PHASE), desc.status)
+            raise JobEnded(self.id, label, action)
+
+    async def _update(self, action: str, name: str, arg: Any, result_type: type[T]) -> T:
+        await self._live_job(action)
+        try:
+            return await self._handle.execute_update(name, arg, result_type=result_type)
+        except RPCError as exc:
+            # It ended meanwhile ("workflow execution already completed").
+            if exc.status == RPCStatusCode.NOT_FOUND and (ended := await _ended(self._handle)):
+                raise JobEnded(self.id, ended, action) from None
+            raise
+
     async def pause(self, reason: str = "") -> PauseResult:
         """Checkpoint, give the trainer back, wait. Returns the checkpoint saved."""
-        return await self._handle.execute_update(
-            "request_pause", PauseRequest(reason=reason), result_type=PauseResult
+        return await self._update(
+            "pause", "request_pause", PauseRequest(reason=reason), PauseResult
         )
 
     async def resume(self, checkpoint: str | None = None) -> JobStatus:
-        """A new trainer, loaded from ``checkpoint`` (default: the one saved at pause)."""
-        return await self._handle.execute_update(
-            "request_resume", ResumeRequest(checkpoint=checkpoint), result_type=JobStatus
+        """A new trainer, loaded from ``checkpoint`` (default: the one saved at pause): one
+        of this job's checkpoints, by full or short name (``step-00000040``)."""
+        if checkpoint is not None:
+            if not isinstance(checkpoint, str):
+                raise input_error("checkpoint", "must be a checkpoint name", "argument")
+            status, spec = await self.status(), await self.spec()
+            checkpoint = own_checkpoint(self.id, status, spec, checkpoint, "checkpoint")
+        return await self._update(
+            "resume", "request_resume", ResumeRequest(checkpoint=checkpoint), JobStatus
         )
 
     async def cancel(self, reason: str = "") -> None:
@@ -380,15 +431,10 @@ class JobHandle:
         if checkpoint is None:
             chosen = status.best or status.last_checkpoint
             checkpoint = chosen.name if chosen else None
-        if checkpoint is not None and not rules.CHECKPOINT_NAME_RE.match(checkpoint):
-            known = {c.name.rsplit("/", 1)[-1]: c.name for c in status.checkpoints}
-            if checkpoint not in known:
-                raise input_error(
-                    "from_checkpoint",
-                    f"{checkpoint!r} is not a checkpoint of {self.id}",
-                    "argument",
-                )
-            checkpoint = known[checkpoint]
+        if checkpoint is not None:
+            if not isinstance(checkpoint, str):
+                raise input_error("from_checkpoint", "must be a checkpoint name", "argument")
+            checkpoint = own_checkpoint(self.id, status, spec, checkpoint, "from_checkpoint")
         data = spec.model_dump(mode="json")
         data["training"]["resume_from"] = checkpoint
         new_spec = load_job_spec(data, overrides)

@@ -161,3 +161,7 @@ async def test_a_sweep_whose_model_exists_runs_no_trial(stack: Stack) -> None:
     assert (await stack.admin.stats())["creates"] == creates
     shown = json.loads((await run_cli("sweep", "status", handle.id, "--json", stack=stack)).stdout)
     assert shown["phase"] == "FAILED"
+    # A sweep's id given where a job's is expected: said, no validation errors.
+    as_job = await run_cli("status", handle.id, stack=stack)
+    assert as_job.returncode == 2 and "is a sweep" in as_job.stderr
+    assert "pydantic" not in as_job.stderr
