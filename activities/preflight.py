@@ -12,9 +12,8 @@ before it is provisioned.
 from __future__ import annotations
 
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
 
-from activities.base import ClientProvider, log, translate
+from activities.base import ClientProvider, log, refusal, translate
 from shepherd import datasets, loops
 from shepherd.models import PreflightInput
 from shepherd.platform import NotFound, PermissionDenied, PlatformError, rules
@@ -38,9 +37,7 @@ class PreflightActivities:
             problems.append((policies.INVALID_BASE_MODEL, f"trainer.base_model: {problem}"))
         if problems:
             log().info("job.preflight_refused", problems=[p for _, p in problems])
-            raise ApplicationError(
-                "; ".join(p for _, p in problems), type=problems[0][0], non_retryable=True
-            )
+            raise refusal("; ".join(p for _, p in problems), problems[0][0])
 
     async def _base_model_problem(self, inp: PreflightInput) -> str | None:
         m = rules.MODEL_NAME_RE.match(inp.base_model)

@@ -121,21 +121,25 @@ def resolve_path(name: str) -> Path | None:
     return None
 
 
+def check_path(name: str) -> str | None:
+    """Why a file dataset's name is refused as written (None: it is not), before any
+    worker resolves it (which the allowed directories then check, symlinks followed):
+    "/data/../../etc/shadow.jsonl" or "file:///../etc/x.jsonl" say one directory and mean
+    another."""
+    if resolve_path(name) is None:
+        return None
+    raw = name.removeprefix("file://")
+    if os.path.normpath(raw) != raw or raw.startswith("//") or not raw.isprintable():
+        return (
+            "must be a normalised absolute path: no '.' or '..' segments, no '//', "
+            "no control characters"
+        )
+    return None
+
+
 def check_name(name: str) -> str | None:
     """Why a dataset name cannot be used (None when it can), without reading it."""
-    if name in BUILTIN:
-        return None
-    path = resolve_path(name)
-    if path is not None:
-        raw = name.removeprefix("file://")
-        # "/data/../../etc/shadow.jsonl", "file:///../etc/x.jsonl": a path that says one
-        # directory and means another is refused as written, before any worker resolves it
-        # (which the allowed directories then check, symlinks followed).
-        if os.path.normpath(raw) != raw or raw.startswith("//") or not raw.isprintable():
-            return (
-                "must be a normalised absolute path: no '.' or '..' segments, no '//', "
-                "no control characters"
-            )
+    if name in BUILTIN or resolve_path(name) is not None:
         return None
     return (
         "must be one of " + ", ".join(BUILTIN) + ", an absolute path to a .jsonl file "
@@ -199,7 +203,7 @@ def check_readable(name: str, validation_split: float) -> str | None:
     records of a known kind, enough of them for the split."""
     if name in BUILTIN:
         return None
-    if problem := check_name(name):
+    if problem := check_name(name) or check_path(name):
         return problem
     path = resolve_path(name)
     if path is None:

@@ -330,6 +330,8 @@ class JobStatus(Model):
     checkpoints: list[CheckpointRecord] = Field(default_factory=list)
     best: CheckpointRecord | None = None
     preemptions: int = 0
+    #: Trainers lost because the platform restarted (not preemptions; the same budget).
+    platform_restarts: int = 0
     failures: int = 0
     route_races: int = 0
     recoveries: list[RecoveryRecord] = Field(default_factory=list)

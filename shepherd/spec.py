@@ -36,10 +36,10 @@ _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 # ------------------------------------------------------------------ sane bounds
 #
-# Every duration of a spec is finite and at most MAX_DURATION: a year is longer than any
-# job, wait or timeout Shepherd has a use for, and far inside what Temporal's timers and
-# Python's timedelta hold (".inf" or "99999999999999999999d" used to end in an
-# OverflowError; "100000000d" was accepted and broke Temporal's timeout fields).
+# A submission holds every duration to at most MAX_DURATION: a year is longer than any
+# job, wait or timeout Shepherd has a use for, and far inside what Temporal's timers hold
+# ("100000000d" was accepted and broke Temporal's timeout fields). Any duration is finite
+# and fits a timedelta (".inf" or "99999999999999999999d" ended in an OverflowError).
 MAX_DURATION = timedelta(days=365)
 #: The shortest value of each policy that a healthy trainer can meet. Below them a job
 #: would hold a trainer only to time out: the creation, the boot or the first step.
@@ -84,9 +84,9 @@ def _seconds_of(value: Any) -> float:
 
 def parse_duration(value: Any) -> timedelta:
     """``90``, ``"90s"``, ``"15m"``, ``"1h30m"``, ``"48h"``, ``"2d"`` or a timedelta;
-    finite and at most :data:`MAX_DURATION` (see "sane bounds")."""
+    finite (a submission also holds it to :data:`MAX_DURATION`, see "sane bounds")."""
     seconds = _seconds_of(value)
-    if not math.isfinite(seconds) or abs(seconds) > MAX_DURATION.total_seconds():
+    if not math.isfinite(seconds) or abs(seconds) > timedelta.max.total_seconds():
         raise PydanticCustomError(
             "duration", f"must be finite and at most {MAX_DURATION.days}d (a year)"
         )
@@ -176,14 +176,14 @@ QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,199}\Z")
 BUILTIN_LOOP_METRICS: dict[str, tuple[str, ...]] = {"supervised": ("eval_loss",)}
 
 
-def label_problem(key: str, value: str) -> str | None:
-    """Why ``key=value`` cannot be a label (None: it can). The same rule for a spec's labels
-    and for ``list --label``, so every label can be searched for."""
+def label_problem(key: str, value: str, *, searchable: bool = True) -> str | None:
+    """Why ``key=value`` cannot be a label (None: it can). The same rule for a submitted
+    spec's labels and for ``list --label``, so every label can be searched for."""
     if not LABEL_KEY.match(key):
         return f"label key {key!r} must be 1-63 characters of a-z, 0-9, '_', '.', '/', '-'"
     # A '"' cannot be searched for: visibility's full-text index of a KeywordList (SQLite's
     # FTS5) breaks on it, escaped or not.
-    if len(value) > 63 or _control_characters(value) or '"' in value:
+    if len(value) > 63 or _control_characters(value) or (searchable and '"' in value):
         return f"label {key!r}: values are at most 63 characters on one line, without '\"'"
     return None
 
@@ -191,7 +191,7 @@ def label_problem(key: str, value: str) -> str | None:
 class TrainerSpec(SpecModel):
     """What to provision (the platform's create request)."""
 
-    base_model: Annotated[str, BeforeValidator(_rule(rules.check_trainer_base_model))]
+    base_model: Annotated[str, BeforeValidator(_rule(rules.check_base_model))]
     #: ``accounts/<a>/trainingShapes/<s>[/versions/<v>]``; None is the manual path.
     training_shape: Annotated[str | None, BeforeValidator(_rule(rules.check_shape_ref))] = None
     lora_rank: Annotated[
@@ -215,16 +215,6 @@ class TrainerSpec(SpecModel):
     extra_args: list[str] = Field(default_factory=list)
     inactivity_timeout: Duration = timedelta(hours=1)
     preemptible: bool = False
-
-    @field_validator("extra_args")
-    @classmethod
-    def _extra_args(cls, value: list[str]) -> list[str]:
-        for i, arg in enumerate(value):
-            if problem := rules.check_extra_arg(arg):
-                raise PydanticCustomError(
-                    "platform_rule", "item {i}: {problem}", {"i": i, "problem": problem}
-                )
-        return value
 
     @field_validator("inactivity_timeout")
     @classmethod
@@ -271,16 +261,6 @@ class TrainingSpec(SpecModel):
     #: Optimizer steps per training activity; defaults to the checkpoint cadence (max 50).
     steps_per_chunk: Int | None = Field(default=None, ge=1, le=10_000)
 
-    @model_validator(mode="after")
-    def _micro_batches(self) -> TrainingSpec:
-        if self.micro_batches > self.batch_size:
-            raise _located(
-                "micro_batches",
-                f"must be <= training.batch_size ({self.batch_size}): a micro-batch holds at "
-                "least one example",
-            )
-        return self
-
     @field_validator("dataset")
     @classmethod
     def _dataset(cls, value: str) -> str:
@@ -321,17 +301,6 @@ class CheckpointSpec(SpecModel):
     #: Tracked metric for "best": ``eval_loss`` (or another key the trainer's evaluate returns).
     metric: str = "eval_loss"
 
-    @field_validator("metric")
-    @classmethod
-    def _metric(cls, value: str) -> str:
-        if not METRIC_NAME.match(value):
-            raise PydanticCustomError(
-                "metric",
-                "must be the name of a metric the loop's evaluation reports (e.g. eval_loss; "
-                "1-64 characters of letters, digits, '_', '.', ':', '/', '-')",
-            )
-        return value
-
     mode: Literal["min", "max"] = "min"
     #: Which checkpoint a recovery reloads.
     resume_from: Literal["last", "best"] = "last"
@@ -359,21 +328,8 @@ class SchedulingSpec(SpecModel):
     @field_validator("max_runtime")
     @classmethod
     def _positive(cls, value: timedelta | None) -> timedelta | None:
-        if value is not None and value < MIN_MAX_RUNTIME:
-            raise PydanticCustomError(
-                "duration", f"must be at least {format_duration(MIN_MAX_RUNTIME)}"
-            )
-        return value
-
-    @field_validator("queue")
-    @classmethod
-    def _queue(cls, value: str | None) -> str | None:
-        if value is not None and not QUEUE_NAME.match(value):
-            raise PydanticCustomError(
-                "queue",
-                "must be a task queue name: 1-200 characters of letters, digits, '.', '_', "
-                "':', '/' and '-'",
-            )
+        if value is not None and value <= timedelta(0):
+            raise PydanticCustomError("duration", "must be positive")
         return value
 
 
@@ -415,9 +371,8 @@ class PoliciesSpec(SpecModel):
         ):
             if getattr(self, name) <= timedelta(0):
                 raise _located(name, "must be positive")
-        for name, least in MIN_POLICY.items():
-            if getattr(self, name) < least:
-                raise _located(name, f"must be at least {format_duration(least)}")
+        if self.poll_interval < timedelta(seconds=1):
+            raise _located("poll_interval", "must be at least 1s")
         return self
 
 
@@ -460,7 +415,7 @@ class JobSpec(SpecModel):
         if len(value) > 32:
             raise PydanticCustomError("labels", "at most 32 labels")
         for key, val in value.items():
-            if problem := label_problem(key, val):
+            if problem := label_problem(key, val, searchable=False):
                 raise PydanticCustomError("labels", "{problem}", {"problem": problem})
         return value
 
@@ -476,16 +431,6 @@ class JobSpec(SpecModel):
         if self.output.promote == "best" and not self.checkpoint.evaluate:
             raise _located(
                 "output.promote", "'best' needs checkpoint.evaluate: true (the best is measured)"
-            )
-        reports = BUILTIN_LOOP_METRICS.get(self.training.loop)
-        if (
-            reports is not None
-            and self.checkpoint.evaluate
-            and self.checkpoint.metric not in reports
-        ):
-            raise _located(
-                "checkpoint.metric",
-                f"the built-in loop {self.training.loop!r} reports only {', '.join(reports)}",
             )
         if self.checkpoint.resume_from == "best" and not self.checkpoint.evaluate:
             raise _located("checkpoint.resume_from", "'best' needs checkpoint.evaluate: true")
@@ -578,16 +523,90 @@ def problems_from(exc: ValidationError) -> list[SpecProblem]:
     return out
 
 
-def validate_spec(data: Any, source: str | None = None) -> JobSpec:
-    """A valid :class:`JobSpec` from a dict (or a JobSpec), else :class:`SpecError`."""
+def validate_spec(data: Any, source: str | None = None, *, strict: bool = True) -> JobSpec:
+    """A valid :class:`JobSpec` from a dict (or a JobSpec), else :class:`SpecError`.
+
+    ``strict`` (a submission, a dry run, a schedule or a retry being created) also applies
+    :func:`submission_problems`. Workflow code validates leniently: a spec recorded in a
+    running job's history (its input, a schedule's template, a sweep's trial) must stay
+    readable, and mean what it meant, when these rules grow."""
     if isinstance(data, JobSpec):
         data = data.model_dump(mode="json")
     if not isinstance(data, dict):
         raise SpecError([SpecProblem(field="spec", rule="must be a mapping of sections")], source)
     try:
-        return JobSpec.model_validate(data)
+        spec = JobSpec.model_validate(data)
     except ValidationError as exc:
         raise SpecError(problems_from(exc), source) from None
+    if strict and (problems := submission_problems(spec)):
+        raise SpecError(problems, source)
+    return spec
+
+
+def _durations(model: BaseModel, prefix: str) -> list[tuple[str, timedelta]]:
+    out = []
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        if isinstance(value, timedelta):
+            out.append((f"{prefix}{name}", value))
+        elif isinstance(value, BaseModel):
+            out += _durations(value, f"{prefix}{name}.")
+    return out
+
+
+def submission_problems(spec: JobSpec) -> list[SpecProblem]:
+    """What a submission refuses beyond the spec's own model: everything that can be
+    checked before anything is provisioned without asking a worker or the platform
+    (issue 17). Templated values are checked once filled (:func:`resolve_templates`)."""
+    problems: list[SpecProblem] = []
+
+    def refuse(field: str, rule: str) -> None:
+        problems.append(SpecProblem(field=field, rule=rule))
+
+    for field, duration in _durations(spec, ""):
+        if duration > MAX_DURATION:
+            refuse(field, f"must be at most {MAX_DURATION.days}d (a year)")
+    for name, least in MIN_POLICY.items():
+        if getattr(spec.policies, name) < least:
+            refuse(f"policies.{name}", f"must be at least {format_duration(least)}")
+    runtime = spec.scheduling.max_runtime
+    if runtime is not None and runtime < MIN_MAX_RUNTIME:
+        refuse("scheduling.max_runtime", f"must be at least {format_duration(MIN_MAX_RUNTIME)}")
+    t, tr, c = spec.trainer, spec.training, spec.checkpoint
+    if not is_template(t.base_model) and (problem := rules.check_trainer_base_model(t.base_model)):
+        refuse("trainer.base_model", problem)
+    for i, arg in enumerate(t.extra_args):
+        if problem := rules.check_extra_arg(arg):
+            refuse(f"trainer.extra_args[{i}]", problem)
+    if tr.micro_batches > tr.batch_size:
+        refuse(
+            "training.micro_batches",
+            f"must be <= training.batch_size ({tr.batch_size}): a micro-batch holds at least "
+            "one example",
+        )
+    if not is_template(tr.dataset) and (problem := datasets.check_path(tr.dataset)):
+        refuse("training.dataset", problem)
+    if not METRIC_NAME.match(c.metric):
+        refuse(
+            "checkpoint.metric",
+            "must be the name of a metric the loop's evaluation reports (e.g. eval_loss; "
+            "1-64 characters of letters, digits, '_', '.', ':', '/', '-')",
+        )
+    elif (reports := BUILTIN_LOOP_METRICS.get(tr.loop)) and c.evaluate and c.metric not in reports:
+        refuse(
+            "checkpoint.metric", f"the built-in loop {tr.loop!r} reports only {', '.join(reports)}"
+        )
+    queue = spec.scheduling.queue
+    if queue is not None and not QUEUE_NAME.match(queue):
+        refuse(
+            "scheduling.queue",
+            "must be a task queue name: 1-200 characters of letters, digits, '.', '_', ':', "
+            "'/' and '-'",
+        )
+    for key, label in spec.labels.items():
+        if problem := label_problem(key, label):
+            refuse("labels", problem)
+    return problems
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -709,9 +728,10 @@ def has_templates(spec: JobSpec) -> bool:
     return TEMPLATE_MARK in spec.model_dump_json()
 
 
-def resolve_templates(spec: JobSpec, scheduled_time: datetime) -> JobSpec:
+def resolve_templates(spec: JobSpec, scheduled_time: datetime, *, strict: bool = True) -> JobSpec:
     """Fill ``{scheduled_time:%Y%m%d}``-style placeholders in string fields (schedules),
-    then validate the result fully. A placeholder that cannot be filled is a SpecError
+    then validate the result fully (``strict``: see :func:`validate_spec`; a workflow
+    filling its own templates is not). A placeholder that cannot be filled is a SpecError
     naming its field."""
     data = spec.model_dump(mode="json")
     problems: list[SpecProblem] = []
@@ -748,4 +768,4 @@ def resolve_templates(spec: JobSpec, scheduled_time: datetime) -> JobSpec:
     filled = fill(data, "")
     if problems:
         raise SpecError(problems)
-    return validate_spec(filled)
+    return validate_spec(filled, strict=strict)

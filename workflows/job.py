@@ -97,6 +97,8 @@ _REFUSED_CODES = {"INVALID_ARGUMENT", "FAILED_PRECONDITION"}
 #: Patch: a local activity's failure (an unwrapped ApplicationError) is handled like any
 #: activity failure: mapped, and the job finishes FAILED with its cleanup.
 LOCAL_FAILURES_HANDLED = "local-activity-failures-are-handled"
+#: Patch: a platform restart counts as one (status.platform_restarts), not as a preemption.
+RESTARTS_APART = "platform-restarts-are-not-preemptions"
 #: Patch: the job's first activity checks what only a worker can (activities/preflight.py).
 PREFLIGHT = "preflight-before-provisioning"
 #: Recoveries caused by the infrastructure, paid from the preemption budget.
@@ -370,7 +372,7 @@ class TrainingJobWorkflow:
         info = workflow.info()
         when = info.typed_search_attributes.get(sa.SCHEDULED_START) or info.start_time
         try:
-            self.spec = resolve_templates(self.spec, when)
+            self.spec = resolve_templates(self.spec, when, strict=False)
         except SpecError as exc:
             raise _Terminal(Phase.FAILED, "InvalidSpec", str(exc)) from None
         self._templated = False
@@ -809,12 +811,21 @@ class TrainingJobWorkflow:
                 f"trainer {self.s.trainer_job_id} was deleted outside Shepherd ({job.state if job else '?'})",
             )
         if reason in _INFRA_REASONS:
-            self.s.preemptions += 1
-            if self.s.preemptions > self.pol.max_preemptions:
+            # A platform restart is no preemption (and no reason to leave spot capacity);
+            # it is paid from the same infrastructure budget.
+            if reason == "platform_restart" and workflow.patched(RESTARTS_APART):
+                self.s.platform_restarts += 1
+            else:
+                self.s.preemptions += 1
+            infra = self.s.preemptions + self.s.platform_restarts
+            if infra > self.pol.max_preemptions:
+                restarts = self.s.platform_restarts
                 raise _Terminal(
                     Phase.PREEMPTED,
                     "PreemptionBudgetExhausted",
-                    f"{self.s.preemptions} preemptions exceed policies.max_preemptions ({self.pol.max_preemptions}); "
+                    f"{self.s.preemptions} preemptions"
+                    + (f" and {restarts} platform restarts" if restarts else "")
+                    + f" exceed policies.max_preemptions ({self.pol.max_preemptions}); "
                     f"retry from checkpoint {self._recovery_checkpoint() or '(none)'}",
                 )
         else:

@@ -81,19 +81,19 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
     (
         "extra_args out of range",
         _spec(trainer={"extra_args": ["--compute-delay-ms=-5"]}),
-        "trainer.extra_args",
+        "trainer.extra_args[0]",
         "[0, 600000]",
     ),
     (
         "extra_args unknown",
         _spec(trainer={"extra_args": ["--gpus=1000"]}),
-        "trainer.extra_args",
+        "trainer.extra_args[0]",
         "not an accepted",
     ),
     (
         "extra_args no value",
         _spec(trainer={"extra_args": ["--seed"]}),
-        "trainer.extra_args",
+        "trainer.extra_args[0]",
         "--seed=N",
     ),
     (
@@ -241,3 +241,25 @@ def test_workers_advertise_backends_and_loops() -> None:
     assert parse_identity(worker_identity(["local"])) == {"backends": {"local"}}
     crowded = worker_identity(["local"], loops=[f"loop-{i:04d}" for i in range(200)])
     assert len(crowded) < 1000 and parse_identity(crowded)["loops"] is None
+
+
+def test_a_recorded_spec_stays_readable_when_the_rules_grow() -> None:
+    # A running job's input (or a schedule's template) was accepted under older rules: a
+    # worker must still decode it, and mean the same by it; a new submission is refused.
+    old = _spec(
+        trainer={"base_model": "Qwen/Qwen3-8B", "extra_args": ["--my-flag"]},
+        policies={"pending_timeout": "400d", "step_timeout": "1ms"},
+        labels={"note": 'said "hi"'},
+    )
+    from shepherd.models import JobInput
+
+    decoded = JobInput.model_validate({"spec": old})
+    assert decoded.spec.trainer.extra_args == ["--my-flag"]
+    assert validate_spec(old, strict=False).policies.step_timeout.total_seconds() == 0.001
+    assert set(_refused(old)) == {
+        "trainer.base_model",
+        "trainer.extra_args[0]",
+        "policies.pending_timeout",
+        "policies.step_timeout",
+        "labels",
+    }

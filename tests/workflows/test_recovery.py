@@ -153,3 +153,19 @@ async def test_a_bad_dataset_fails_once_with_its_own_words(stack: Stack, tmp_pat
     assert status.failures == 0 and not status.recoveries
     job = (await stack.admin.stats())["jobs"][stack.job_name(status.trainer_job_id or "")]
     assert job["creates"] == 1 and job["trainersStarted"] == 1
+
+
+async def test_a_platform_restart_is_not_counted_as_a_preemption(stack: Stack) -> None:
+    from localplane.jobs import MSG_RESTARTED
+
+    handle = await stack.start(stack.spec("restarted", trainer=SLOW, training={"total_steps": 20}))
+    mid = await stack.until(handle, lambda s: s.step >= 5 and s.phase is Phase.TRAINING)
+    # What a restarted platform leaves of a trainer that was running (localplane's words).
+    await stack.admin.stop(
+        mid.trainer_job_id or "", JobState.FAILED.value, MSG_RESTARTED, account=stack.account.id
+    )
+    result = await handle.result()
+    assert result.phase is Phase.COMPLETED
+    (recovery,) = result.recoveries
+    assert recovery.reason == "platform_restart"
+    assert result.preemptions == 0 and result.platform_restarts == 1 and result.failures == 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -71,7 +72,10 @@ def _agree(shown: dict[str, Any], phase: Phase, error_type: str | None) -> JobSt
     return status
 
 
-async def test_every_surface_shows_how_the_run_really_ended(stack: Stack) -> None:
+async def test_every_surface_shows_how_the_run_really_ended(
+    stack: Stack, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="temporalio.activity")
     sh = Shepherd(stack.client, task_queue=stack.task_queue)
     tag = uuid.uuid4().hex[:6]
     creates = (await stack.admin.stats())["creates"]
@@ -144,6 +148,18 @@ async def test_every_surface_shows_how_the_run_really_ended(stack: Stack) -> Non
         attrs = (await handle.describe()).typed_search_attributes
         assert attrs.get(sa.PHASE) == phase.value, handle.id
         assert f"**{phase.value}**" in await _details(handle)
+
+    # Expected outcomes (a taken model id, the trainer of a cancelled or broken job gone)
+    # leave no warning with a traceback in the worker's log.
+    noisy = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "temporalio.activity"
+        and r.levelno >= logging.WARNING
+        and r.exc_info
+        and getattr(r.exc_info[1], "type", None) in ("ModelExists", "TrainerGone", "TrainerLost")
+    ]
+    assert noisy == []
 
     # Neither the refused create nor the model check created a trainer.
     created = (await stack.admin.stats())["creates"] - creates
