@@ -116,6 +116,14 @@ async def _ended(handle: WorkflowHandle[Any, Any]) -> str | None:
     return outcome.ended_label(desc.typed_search_attributes.get(sa.PHASE), desc.status)
 
 
+def _looked_up(workflow_id: Any) -> str:
+    """A workflow id to look up: any id Temporal may hold, but not empty, not blank and on
+    one line (the server's answer to those names its own request fields)."""
+    if not isinstance(workflow_id, str) or not workflow_id.strip() or not workflow_id.isprintable():
+        raise input_error("workflow_id", "must be a workflow id (not empty, one line)", "argument")
+    return workflow_id
+
+
 def _require_job(workflow_id: str, workflow_type: str | None) -> None:
     if workflow_type == WORKFLOW_TYPE:
         return
@@ -460,10 +468,15 @@ class SweepHandle:
     async def status(self) -> SweepStatus:
         """The sweep's status. A sweep that failed (or was terminated or timed out) says so
         with the reason, even where its last recorded state still read RUNNING."""
+        desc = await self._handle.describe()
+        if desc.workflow_type != "Sweep":
+            what = "a job" if desc.workflow_type == WORKFLOW_TYPE else f"a {desc.workflow_type}"
+            raise input_error(
+                "workflow_id", f"{self.id!r} is {what} workflow, not a sweep", "argument"
+            )
         status = await self._handle.query("status", result_type=SweepStatus)
         if status.phase != "RUNNING":
             return status
-        desc = await self._handle.describe()
         if desc.status in (None, WorkflowExecutionStatus.RUNNING):
             return status
         if desc.status == WorkflowExecutionStatus.COMPLETED:
@@ -578,7 +591,7 @@ class Shepherd:
         return SweepHandle(self, handle.id)
 
     def get_sweep(self, workflow_id: str) -> SweepHandle:
-        return SweepHandle(self, workflow_id)
+        return SweepHandle(self, _looked_up(workflow_id))
 
     @classmethod
     async def connect(
@@ -665,7 +678,7 @@ class Shepherd:
         return job_spec, task_queue or job_spec.scheduling.queue or self.task_queue
 
     def get(self, workflow_id: str) -> JobHandle:
-        return JobHandle(self, workflow_id)
+        return JobHandle(self, _looked_up(workflow_id))
 
     async def list(
         self,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from temporalio.client import WorkflowExecutionStatus as X
 
-from shepherd.client import list_query
+from shepherd.client import Shepherd, list_query
 from shepherd.models import ErrorInfo, JobStatus
 from shepherd.outcome import phase_query, reconcile, shown_phase
 from shepherd.phases import Phase
@@ -75,3 +75,12 @@ def test_list_filters_are_checked() -> None:
         list_query(name='x" OR "1')
     with pytest.raises(SpecError):
         list_query(phase="NOPE")
+
+
+@pytest.mark.parametrize("workflow_id", ["", "  ", "two\nlines"])
+def test_a_blank_workflow_id_is_refused_before_asking_the_server(workflow_id: str) -> None:
+    sh = Shepherd(None, task_queue="q")  # type: ignore[arg-type]  # never reached
+    for get in (sh.get, sh.get_sweep):
+        with pytest.raises(SpecError) as refused:
+            get(workflow_id)
+        assert refused.value.problems[0].field == "workflow_id"

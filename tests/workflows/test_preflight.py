@@ -165,3 +165,6 @@ async def test_a_sweep_whose_model_exists_runs_no_trial(stack: Stack) -> None:
     as_job = await run_cli("status", handle.id, stack=stack)
     assert as_job.returncode == 2 and "is a sweep" in as_job.stderr
     assert "pydantic" not in as_job.stderr
+    as_sweep = await run_cli("sweep", "status", taken.id, stack=stack)
+    assert as_sweep.returncode == 2 and "is a job" in as_sweep.stderr
+    assert "pydantic" not in as_sweep.stderr
