@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import secrets
 from collections.abc import AsyncIterator, Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -63,6 +63,11 @@ from shepherd.sweep import SweepInput, SweepSpec, SweepStatus, load_sweep, valid
 from shepherd.temporal import TemporalSettings, connect
 
 T = TypeVar("T")
+
+#: A worker answers a status query in milliseconds (a closed job's, after replaying its
+#: history, in a second or two); a query no worker takes (nothing polls the job's task
+#: queue) would wait for ever. Past this, the status is read from the search attributes.
+STATUS_QUERY_TIMEOUT = timedelta(seconds=10)
 
 
 class JobFailed(Exception):
@@ -305,7 +310,9 @@ class JobHandle:
         desc = await self._handle.describe()
         _require_job(self.id, desc.workflow_type)
         try:
-            status = await self._handle.query("status", result_type=JobStatus)
+            status = await self._handle.query(
+                "status", result_type=JobStatus, rpc_timeout=STATUS_QUERY_TIMEOUT
+            )
         except (WorkflowQueryFailedError, RPCError) as exc:
             if isinstance(exc, RPCError) and exc.status == RPCStatusCode.NOT_FOUND:
                 raise

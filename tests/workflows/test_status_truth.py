@@ -18,6 +18,7 @@ from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError, Wor
 
 from shepherd import search_attributes as sa
 from shepherd.client import JobEnded, Shepherd
+from shepherd.jobs import job_search_attributes
 from shepherd.models import JobInput, JobStatus
 from shepherd.phases import Phase
 from tests.helpers import run_cli
@@ -178,3 +179,19 @@ async def test_every_surface_shows_how_the_run_really_ended(
     assert refused.id not in queued.stdout
     human = await run_cli("status", terminated.id, stack=stack)
     assert "TERMINATED" in human.stdout and "operator pulled the plug" in human.stdout
+
+
+async def test_a_job_no_worker_takes_still_has_a_status(stack: Stack) -> None:
+    # Started beside the submission checks (which refuse such a queue): its status comes
+    # from the search attributes, saying why, instead of a query that never returns.
+    handle = await stack.client.start_workflow(
+        TrainingJobWorkflow.run,
+        JobInput(spec=stack.spec("orphan")),
+        id=f"job-orphan-{uuid.uuid4().hex[:6]}",
+        task_queue=f"nobody-polls-{uuid.uuid4().hex[:6]}",
+        search_attributes=job_search_attributes(stack.spec("orphan")),
+    )
+    stack.handles.append(handle)
+    status = await Shepherd(stack.client, task_queue=stack.task_queue).get(handle.id).status()
+    assert status.phase is Phase.PENDING and status.name == "orphan"
+    assert status.notices and "no worker answered" in status.notices[0]
