@@ -94,6 +94,18 @@ def lost(job: PlatformJob, *, applied_step: int | None = None) -> ApplicationErr
         {"applied_step": applied_step},
         type=kind,
         non_retryable=True,
+        # The workflow's business (a recovery, or the end of a cancelled job whose trainer
+        # it deleted), not the worker's: no warning with a traceback in its log.
+        category=ApplicationErrorCategory.BENIGN,
+    )
+
+
+def refusal(message: str, kind: str) -> ApplicationError:
+    """A permanent, expected answer (the model id is taken, the spec asks for something
+    the platform does not have): the job fails with it, and the worker's log keeps no
+    traceback for it (BENIGN errors are logged at DEBUG)."""
+    return ApplicationError(
+        message, type=kind, non_retryable=True, category=ApplicationErrorCategory.BENIGN
     )
 
 

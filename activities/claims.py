@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
 
+from activities.base import refusal
 from shepherd import preflight
 
 #: The output model id is claimed by another live job or sweep (the run fails at once).
@@ -50,7 +50,7 @@ class ClaimActivities:
             )
         except preflight.SubmissionRefused as refused:
             await preflight.release_lock(client, inp.model_id, lock.result_run_id)
-            raise ApplicationError(str(refused), type=MODEL_CLAIMED, non_retryable=True) from None
+            raise refusal(str(refused), MODEL_CLAIMED) from None
         except BaseException:
             await preflight.release_lock(client, inp.model_id, lock.result_run_id)
             raise

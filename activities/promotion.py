@@ -5,7 +5,7 @@ from __future__ import annotations
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.base import ClientProvider, log, not_ready, translate
+from activities.base import ClientProvider, log, not_ready, refusal, translate
 from shepherd.models import ModelInfo, PromoteInput
 from shepherd.platform import AlreadyExists, NotFound, PlatformError
 from shepherd.platform.models import Model
@@ -42,10 +42,9 @@ class PromotionActivities:
             except PlatformError as exc:
                 raise translate(exc, "reading the existing model") from None
             if model.checkpoint != inp.checkpoint:
-                raise ApplicationError(
-                    f"output.model_id: model {model.name} already exists (from {model.checkpoint})",
-                    type=policies.MODEL_EXISTS,
-                    non_retryable=True,
+                raise refusal(
+                    f"{inp.field}: model {model.name} already exists (from {model.checkpoint})",
+                    policies.MODEL_EXISTS,
                 ) from None
             return _info(model)
         except PlatformError as exc:
@@ -71,10 +70,9 @@ class PromotionActivities:
             return
         except PlatformError as exc:
             raise translate(exc, "checking the output model id") from None
-        raise ApplicationError(
-            f"output.model_id: model {model.name} already exists (from {model.checkpoint}); choose another id",
-            type=policies.MODEL_EXISTS,
-            non_retryable=True,
+        raise refusal(
+            f"{inp.field}: model {model.name} already exists (from {model.checkpoint}); choose another id",
+            policies.MODEL_EXISTS,
         )
 
     @activity.defn(name="retract_model")

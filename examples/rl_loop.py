@@ -77,6 +77,9 @@ def rl_datum(prompt: list[int], completion: list[int], logprobs: list[float], ad
 class VowelRL:
     """The loop object: ``step`` trains, ``evaluate`` measures (``checkpoint.metric: reward``)."""
 
+    #: What ``evaluate`` reports: a spec tracking anything else is refused before it starts.
+    metrics = ("reward",)
+
     def _prompts(self, ctx: Any) -> list[list[int]]:
         if "rl_prompts" not in ctx.cache:
             tok = ctx.tokenizer

@@ -388,7 +388,12 @@ def create_app(plane: Plane) -> FastAPI:
         return plane.promotion.operation(a, o)
 
     @v1.get("/accounts/{a}/models/{m}")
-    async def get_model(m: str, a: str = Depends(account_access)) -> dict[str, Any]:
+    async def get_model(a: str, m: str, who: Principal = Depends(principal)) -> dict[str, Any]:
+        if a in catalog.PUBLIC_ACCOUNTS:  # the catalog's base models, readable by any key
+            if (found := catalog.base_model(a, m)) is None:
+                raise NotFound(f"model accounts/{a}/models/{m} not found")
+            return found
+        plane.check_account(who, a)
         return plane.promotion.model(a, m)
 
     @v1.delete("/accounts/{a}/models/{m}")

@@ -169,3 +169,18 @@ def latest_validated(account: str, shape: str) -> ShapeVersion | None:
 
 def get(account: str, shape: str, version: str) -> ShapeVersion | None:
     return next((v for v in versions(account, shape) if v.version == version), None)
+
+
+#: The base models of the catalog accounts, readable by any key (GET .../models/<m>) as the
+#: hosted platform serves its public models: a job asks whether its base model exists
+#: before it creates a trainer (Shepherd's activities/preflight.py). Every one of them
+#: runs as the same tiny local model.
+BASE_MODELS: dict[str, tuple[str, ...]] = {
+    "fireworks": ("qwen3-8b", "qwen3p5-9b", "llama-v3p1-8b-instruct"),
+}
+
+
+def base_model(account: str, model: str) -> dict[str, Any] | None:
+    if model not in BASE_MODELS.get(account, ()):
+        return None
+    return {"name": f"accounts/{account}/models/{model}", "state": "READY", "kind": "HF_BASE_MODEL"}

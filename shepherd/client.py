@@ -18,9 +18,9 @@ from __future__ import annotations
 import copy
 import secrets
 from collections.abc import AsyncIterator, Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, Field
 from temporalio.client import (
@@ -29,29 +29,45 @@ from temporalio.client import (
     WorkflowExecutionStatus,
     WorkflowFailureError,
     WorkflowHandle,
+    WorkflowQueryFailedError,
 )
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
-from shepherd import preflight
+from shepherd import outcome, preflight
 from shepherd import search_attributes as sa
-from shepherd.jobs import JobPlan, check_workflow_id, plan_job, start_job
+from shepherd.jobs import (
+    WORKFLOW_TYPE,
+    JobPlan,
+    check_workers,
+    check_workflow_id,
+    plan_job,
+    start_job,
+)
 from shepherd.models import CheckpointRecord, JobStatus, PauseRequest, PauseResult, ResumeRequest
 from shepherd.phases import Phase
-from shepherd.platform import rules
 from shepherd.preflight import SubmissionRefused
 from shepherd.schedules import Schedules
 from shepherd.spec import (
+    JOB_NAME,
     JobSpec,
     SpecError,
     apply_override,
     input_error,
+    label_problem,
     load_spec_data,
     set_path,
     validate_spec,
 )
 from shepherd.sweep import SweepInput, SweepSpec, SweepStatus, load_sweep, validate_sweep
 from shepherd.temporal import TemporalSettings, connect
+
+T = TypeVar("T")
+
+#: A worker answers a status query in milliseconds (a closed job's, after replaying its
+#: history, in a second or two); a query no worker takes (nothing polls the job's task
+#: queue) would wait for ever. Past this, the status is read from the search attributes.
+STATUS_QUERY_TIMEOUT = timedelta(seconds=10)
 
 
 class JobFailed(Exception):
@@ -64,22 +80,85 @@ class JobFailed(Exception):
 
 
 class JobEnded(Exception):
-    """The job (or sweep) had already ended: there is nothing to cancel."""
+    """The job (or sweep) had already ended: there is nothing to cancel (pause, resume)."""
 
-    def __init__(self, workflow_id: str, outcome: str) -> None:
-        super().__init__(f"{workflow_id} had already ended ({outcome}); nothing to cancel")
+    def __init__(self, workflow_id: str, outcome: str, action: str = "cancel") -> None:
+        super().__init__(f"{workflow_id} had already ended ({outcome}); nothing to {action}")
         self.workflow_id = workflow_id
         self.outcome = outcome
+        self.action = action
+
+
+def own_checkpoint(
+    workflow_id: str, status: JobStatus, spec: JobSpec | None, name: str, field: str
+) -> str:
+    """``name`` (a full name, or a short one such as ``step-00000040``) as the full name of
+    one of this job's checkpoints: the ones it keeps, the one a pause saved, the one it
+    started from. Anything else is refused: resuming from another job's weights (or
+    account's) would silently make this job that one."""
+    known = [c.name for c in status.checkpoints]
+    known += [n for n in (status.paused_checkpoint, spec and spec.training.resume_from) if n]
+    if name in known:
+        return name
+    by_short = {n.rsplit("/", 1)[-1]: n for n in known}
+    if name in by_short:
+        return by_short[name]
+    shorts = ", ".join(sorted(by_short)) or "none yet"
+    raise input_error(
+        field,
+        f"{name[:200]!r} is not a checkpoint of {workflow_id} (its checkpoints: {shorts})",
+        "argument",
+    )
 
 
 async def _ended(handle: WorkflowHandle[Any, Any]) -> str | None:
-    """How the workflow ended (its phase, else Temporal's status), or None while running.
-    Temporal accepts a cancel request for a closed workflow silently, so ask first."""
+    """How the workflow ended (by Temporal's outcome of the run, see shepherd.outcome), or
+    None while running. Temporal accepts a cancel request for a closed workflow silently,
+    so ask first."""
     desc = await handle.describe()
     if desc.status == WorkflowExecutionStatus.RUNNING:
         return None
-    return desc.typed_search_attributes.get(sa.PHASE) or (
-        desc.status.name if desc.status else "ENDED"
+    return outcome.ended_label(desc.typed_search_attributes.get(sa.PHASE), desc.status)
+
+
+def _looked_up(workflow_id: Any) -> str:
+    """A workflow id to look up: any id Temporal may hold, but not empty, not blank and on
+    one line (the server's answer to those names its own request fields)."""
+    if not isinstance(workflow_id, str) or not workflow_id.strip() or not workflow_id.isprintable():
+        raise input_error("workflow_id", "must be a workflow id (not empty, one line)", "argument")
+    return workflow_id
+
+
+def _require_job(workflow_id: str, workflow_type: str | None) -> None:
+    if workflow_type == WORKFLOW_TYPE:
+        return
+    if workflow_type == "Sweep":
+        what = f"a sweep, not a job; see `shepherd sweep status {workflow_id}`"
+    else:
+        what = f"a {workflow_type} workflow, not a Shepherd job"
+    raise input_error("workflow_id", f"{workflow_id!r} is {what}", "argument")
+
+
+def _from_visibility(workflow_id: str, desc: Any, why: BaseException) -> JobStatus:
+    """What visibility alone tells of a job whose workflow cannot answer a query (no
+    worker polls its task queue, or its history no longer replays)."""
+    attrs = desc.typed_search_attributes
+    labels = dict(kv.split("=", 1) for kv in (attrs.get(sa.LABELS) or []) if "=" in kv)
+    reason = getattr(why, "message", None) or str(why)
+    return JobStatus(
+        workflow_id=workflow_id,
+        name=attrs.get(sa.JOB_NAME) or "",
+        labels=labels,
+        phase=Phase(attrs.get(sa.PHASE) or Phase.PENDING.value),
+        trainer_job_id=attrs.get(sa.TRAINER_JOB_ID),
+        step=attrs.get(sa.STEP) or 0,
+        started_at=desc.start_time,
+        updated_at=desc.close_time or desc.start_time,
+        cleanup="unknown",
+        notices=[
+            f"no worker answered the status query ({reason}); shown from the search "
+            f"attributes (is a worker polling task queue {desc.task_queue!r}?)"
+        ],
     )
 
 
@@ -106,7 +185,8 @@ class JobSummary(BaseModel):
             workflow_id=ex.id,
             run_id=ex.run_id,
             name=attrs.get(sa.JOB_NAME),
-            phase=attrs.get(sa.PHASE),
+            # A closed run shows how it really ended, not the last phase it published.
+            phase=outcome.shown_phase(attrs.get(sa.PHASE), ex.status),
             execution_status=ex.status.name if ex.status else None,
             labels=labels,
             trainer_job_id=attrs.get(sa.TRAINER_JOB_ID),
@@ -130,9 +210,19 @@ def list_query(
     """A visibility query over Shepherd's search attributes (also usable in the Web UI)."""
     clauses = ['WorkflowType = "TrainingJob"']
     for key, value in sorted((labels or {}).items()):
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise input_error("labels", "keys and values must be strings", "argument")
+        if problem := label_problem(key, value):
+            raise input_error("labels", problem, "argument")
         clauses.append(f"{sa.LABELS.name} = {_quote(f'{key}={value}')}")
+    if phase is not None and (not isinstance(phase, str) or phase.upper() not in Phase.__members__):
+        raise input_error("phase", f"must be one of {', '.join(Phase.__members__)}", "argument")
+    if name is not None and (not isinstance(name, str) or not JOB_NAME.match(name)):
+        raise input_error(
+            "name", "must be a job name: 1-40 characters of a-z, 0-9 and '-'", "argument"
+        )
     if phase is not None:
-        clauses.append(f"{sa.PHASE.name} = {_quote(Phase(phase).value)}")
+        clauses.append(outcome.phase_query(Phase(phase.upper())))
     if name is not None:
         clauses.append(f"{sa.JOB_NAME.name} = {_quote(name)}")
     return " AND ".join(clauses)
@@ -215,7 +305,22 @@ class JobHandle:
         return f"JobHandle({self.id!r})"
 
     async def status(self) -> JobStatus:
-        return await self._handle.query("status", result_type=JobStatus)
+        """The job's status as the workflow published it, corrected by how Temporal says
+        the run ended (a terminated run shows TERMINATED, never its last live phase)."""
+        desc = await self._handle.describe()
+        _require_job(self.id, desc.workflow_type)
+        try:
+            status = await self._handle.query(
+                "status", result_type=JobStatus, rpc_timeout=STATUS_QUERY_TIMEOUT
+            )
+        except (WorkflowQueryFailedError, RPCError) as exc:
+            if isinstance(exc, RPCError) and exc.status == RPCStatusCode.NOT_FOUND:
+                raise
+            status = _from_visibility(self.id, desc, exc)
+        failure = None
+        if desc.status not in (None, WorkflowExecutionStatus.RUNNING):
+            failure = await outcome.closing_failure(self._handle)
+        return outcome.reconcile(status, desc.status, failure)
 
     async def _live_step(self) -> int:
         """The last step a running chunk reported in its heartbeat (0: none)."""
@@ -281,16 +386,40 @@ class JobHandle:
         finally:
             result.cancel()
 
+    async def _live_job(self, action: str) -> None:
+        """Refuse ``action`` on a workflow that is not a job, or a job that has ended."""
+        desc = await self._handle.describe()
+        _require_job(self.id, desc.workflow_type)
+        if desc.status != WorkflowExecutionStatus.RUNNING:
+            label = outcome.ended_label(desc.typed_search_attributes.get(sa.PHASE), desc.status)
+            raise JobEnded(self.id, label, action)
+
+    async def _update(self, action: str, name: str, arg: Any, result_type: type[T]) -> T:
+        await self._live_job(action)
+        try:
+            return await self._handle.execute_update(name, arg, result_type=result_type)
+        except RPCError as exc:
+            # It ended meanwhile ("workflow execution already completed").
+            if exc.status == RPCStatusCode.NOT_FOUND and (ended := await _ended(self._handle)):
+                raise JobEnded(self.id, ended, action) from None
+            raise
+
     async def pause(self, reason: str = "") -> PauseResult:
         """Checkpoint, give the trainer back, wait. Returns the checkpoint saved."""
-        return await self._handle.execute_update(
-            "request_pause", PauseRequest(reason=reason), result_type=PauseResult
+        return await self._update(
+            "pause", "request_pause", PauseRequest(reason=reason), PauseResult
         )
 
     async def resume(self, checkpoint: str | None = None) -> JobStatus:
-        """A new trainer, loaded from ``checkpoint`` (default: the one saved at pause)."""
-        return await self._handle.execute_update(
-            "request_resume", ResumeRequest(checkpoint=checkpoint), result_type=JobStatus
+        """A new trainer, loaded from ``checkpoint`` (default: the one saved at pause): one
+        of this job's checkpoints, by full or short name (``step-00000040``)."""
+        if checkpoint is not None:
+            if not isinstance(checkpoint, str):
+                raise input_error("checkpoint", "must be a checkpoint name", "argument")
+            status, spec = await self.status(), await self.spec()
+            checkpoint = own_checkpoint(self.id, status, spec, checkpoint, "checkpoint")
+        return await self._update(
+            "resume", "request_resume", ResumeRequest(checkpoint=checkpoint), JobStatus
         )
 
     async def cancel(self, reason: str = "") -> None:
@@ -317,15 +446,10 @@ class JobHandle:
         if checkpoint is None:
             chosen = status.best or status.last_checkpoint
             checkpoint = chosen.name if chosen else None
-        if checkpoint is not None and not rules.CHECKPOINT_NAME_RE.match(checkpoint):
-            known = {c.name.rsplit("/", 1)[-1]: c.name for c in status.checkpoints}
-            if checkpoint not in known:
-                raise input_error(
-                    "from_checkpoint",
-                    f"{checkpoint!r} is not a checkpoint of {self.id}",
-                    "argument",
-                )
-            checkpoint = known[checkpoint]
+        if checkpoint is not None:
+            if not isinstance(checkpoint, str):
+                raise input_error("from_checkpoint", "must be a checkpoint name", "argument")
+            checkpoint = own_checkpoint(self.id, status, spec, checkpoint, "from_checkpoint")
         data = spec.model_dump(mode="json")
         data["training"]["resume_from"] = checkpoint
         new_spec = load_job_spec(data, overrides)
@@ -351,10 +475,15 @@ class SweepHandle:
     async def status(self) -> SweepStatus:
         """The sweep's status. A sweep that failed (or was terminated or timed out) says so
         with the reason, even where its last recorded state still read RUNNING."""
+        desc = await self._handle.describe()
+        if desc.workflow_type != "Sweep":
+            what = "a job" if desc.workflow_type == WORKFLOW_TYPE else f"a {desc.workflow_type}"
+            raise input_error(
+                "workflow_id", f"{self.id!r} is {what} workflow, not a sweep", "argument"
+            )
         status = await self._handle.query("status", result_type=SweepStatus)
         if status.phase != "RUNNING":
             return status
-        desc = await self._handle.describe()
         if desc.status in (None, WorkflowExecutionStatus.RUNNING):
             return status
         if desc.status == WorkflowExecutionStatus.COMPLETED:
@@ -443,9 +572,7 @@ class Shepherd:
         elif rerun:
             raise input_error("rerun", "a re-run needs the workflow id to run again", "argument")
         queue = task_queue or spec.base.scheduling.queue or self.task_queue
-        await preflight.check_backend(
-            self.client, spec.base.scheduling.queue or queue, spec.base.backend, "base.backend"
-        )
+        await check_workers(self.client, spec.base, queue, "base.")
         model_id = spec.promote_best.model_id if spec.promote_best else None
         claim = [SearchAttributePair(sa.OUTPUT_MODEL, model_id)] if model_id else []
         handle = await preflight.start_guarded(
@@ -471,7 +598,7 @@ class Shepherd:
         return SweepHandle(self, handle.id)
 
     def get_sweep(self, workflow_id: str) -> SweepHandle:
-        return SweepHandle(self, workflow_id)
+        return SweepHandle(self, _looked_up(workflow_id))
 
     @classmethod
     async def connect(
@@ -558,7 +685,7 @@ class Shepherd:
         return job_spec, task_queue or job_spec.scheduling.queue or self.task_queue
 
     def get(self, workflow_id: str) -> JobHandle:
-        return JobHandle(self, workflow_id)
+        return JobHandle(self, _looked_up(workflow_id))
 
     async def list(
         self,

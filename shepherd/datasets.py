@@ -121,6 +121,22 @@ def resolve_path(name: str) -> Path | None:
     return None
 
 
+def check_path(name: str) -> str | None:
+    """Why a file dataset's name is refused as written (None: it is not), before any
+    worker resolves it (which the allowed directories then check, symlinks followed):
+    "/data/../../etc/shadow.jsonl" or "file:///../etc/x.jsonl" say one directory and mean
+    another."""
+    if resolve_path(name) is None:
+        return None
+    raw = name.removeprefix("file://")
+    if os.path.normpath(raw) != raw or raw.startswith("//") or not raw.isprintable():
+        return (
+            "must be a normalised absolute path: no '.' or '..' segments, no '//', "
+            "no control characters"
+        )
+    return None
+
+
 def check_name(name: str) -> str | None:
     """Why a dataset name cannot be used (None when it can), without reading it."""
     if name in BUILTIN or resolve_path(name) is not None:
@@ -174,6 +190,59 @@ def _load_jsonl(path: Path) -> list[Example]:
     if len(examples) < 2:
         raise DatasetError("a dataset needs at least 2 records")
     return examples
+
+
+#: How many records a job's preflight parses: enough to catch a wrong file or format before
+#: a trainer is created, without reading a large dataset twice.
+PREFLIGHT_RECORDS = 64
+
+
+def check_readable(name: str, validation_split: float) -> str | None:
+    """Why this worker cannot train on dataset ``name`` (None: it can), from its first
+    :data:`PREFLIGHT_RECORDS` records: inside the allowed directories, readable, JSONL
+    records of a known kind, enough of them for the split."""
+    if name in BUILTIN:
+        return None
+    if problem := check_name(name) or check_path(name):
+        return problem
+    path = resolve_path(name)
+    if path is None:
+        return "unknown dataset"
+    real = _readable(path)
+    if real is None:
+        allowed = allowed_dirs()
+        where = (
+            f" (this worker reads datasets only under {DIRS_ENV}: "
+            f"{':'.join(str(d) for d in allowed) or 'nowhere'})"
+            if allowed is not None
+            else ""
+        )
+        return f"{path} does not exist or is not readable on this worker{where}"
+    examples = 0
+    try:
+        with open(real, encoding="utf-8") as f:
+            for line_no, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record_example(json.loads(line), line_no)
+                except json.JSONDecodeError as exc:
+                    return f"{path.name} line {line_no}: not JSON ({exc.msg})"
+                except DatasetError as exc:
+                    return f"{path.name} {exc}"
+                examples += 1
+                if examples >= PREFLIGHT_RECORDS:
+                    return None
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"{path.name} cannot be read: {exc}"
+    if examples < 2:
+        return f"{path.name} has {examples} record(s); a dataset needs at least 2"
+    if max(1, int(examples * validation_split)) >= examples:
+        return (
+            f"{path.name}: {examples} records leave none for training at "
+            f"validation_split {validation_split}"
+        )
+    return None
 
 
 @functools.lru_cache(maxsize=16)

@@ -126,12 +126,26 @@ async def plan_job(
         refusal := await preflight.id_refusal(client, plan.workflow_id, rerun=rerun)
     ):
         raise refusal
-    await preflight.check_backend(
-        client, spec.scheduling.queue or task_queue, spec.backend, "backend"
-    )
+    await check_workers(client, spec, task_queue)
     if plan.claims_model:
         await preflight.check_unclaimed(client, plan.claims_model, "output.model_id")
     return plan
+
+
+async def check_workers(client: Client, spec: JobSpec, task_queue: str, prefix: str = "") -> None:
+    """Workers poll the job's task queues, and one of them serves its backend and has its
+    loop registered (``prefix``: where the spec sits, e.g. ``base.`` in a sweep)."""
+    activities = spec.scheduling.queue or task_queue
+    queue_field = "scheduling.queue" if spec.scheduling.queue == task_queue else "task_queue"
+    await preflight.check_polled(client, task_queue, prefix + queue_field, activities=False)
+    if activities != task_queue:
+        await preflight.check_polled(
+            client, activities, f"{prefix}scheduling.queue", activities=True
+        )
+    await preflight.check_backend(client, activities, spec.backend, f"{prefix}backend")
+    await preflight.check_registered(
+        client, activities, "loops", spec.training.loop, f"{prefix}training.loop"
+    )
 
 
 async def start_job(

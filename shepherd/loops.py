@@ -2,8 +2,11 @@
 
 A loop is an object with ``async step(ctx, step) -> loss`` (one optimizer step: call
 ``ctx.training_client.forward_backward(...)``, ``.optim_step(...)``, sampling … exactly as
-with the tinker SDK) and, optionally, ``async evaluate(ctx) -> {metric: value}``; a bare
-``async def (ctx, step)`` is a loop without its own evaluation. ``ctx.training_client`` has
+with the tinker SDK) and, optionally, ``async evaluate(ctx) -> {metric: value}`` with the
+names it reports declared as ``metrics = ("reward", ...)`` (a job tracking another
+``checkpoint.metric`` is then refused before any trainer exists); a bare
+``async def (ctx, step)`` is a loop without its own evaluation (the built-in one's
+``eval_loss`` is used). ``ctx.training_client`` has
 the tinker SDK's ``TrainingClient`` methods and types (:mod:`shepherd.tinker_client`).
 
 Loops run inside the training activity and get every guarantee of the lifecycle, on two
@@ -35,7 +38,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from shepherd import datasets
-from shepherd.spec import LOOP_NAME
+from shepherd.spec import BUILTIN_LOOP_METRICS, LOOP_NAME
 
 ENTRY_POINT_GROUP = "shepherd.loops"
 ENV_VAR = "SHEPHERD_LOOPS"
@@ -137,6 +140,8 @@ class Supervised:
     """SFT: micro-batches of the dataset's records, cross-entropy on completion tokens,
     then one Adam step. Batches are a pure function of ``(seed, step, micro_batch)``."""
 
+    metrics = BUILTIN_LOOP_METRICS["supervised"]
+
     def _data(self, ctx: LoopContext) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         if "datums" not in ctx.cache:
             ctx.cache["datums"] = _tokenized(
@@ -233,6 +238,19 @@ def _as_loop(obj: Any, name: str) -> Loop:
     raise LoopLoadError(
         f"loop {name!r} is neither an object with 'async step(ctx, step)' nor an async function"
     )
+
+
+def declared_metrics(loop: Loop) -> tuple[str, ...] | None:
+    """The metrics ``loop``'s evaluation reports: as it declares them (``metrics``), the
+    built-in evaluation's for a loop without one, None when it does not say."""
+    declared = getattr(loop, "metrics", None)
+    if isinstance(declared, list | tuple | set | frozenset) and all(
+        isinstance(m, str) for m in declared
+    ):
+        return tuple(declared)
+    if getattr(loop, "evaluate", None) is None:
+        return BUILTIN_LOOP_METRICS["supervised"]
+    return None
 
 
 def resolve(name: str, env: Mapping[str, str] | None = None) -> Loop:

@@ -192,6 +192,20 @@ class SaveCheckpointResult(Model):
     next_seq: int
 
 
+class PreflightInput(Model):
+    """What a job's first activity checks on a worker before any trainer exists
+    (activities/preflight.py)."""
+
+    backend: str
+    base_model: str
+    #: The loop the job runs (None once a job runs a program instead: issue 18).
+    loop: str | None = None
+    #: The metric the job tracks (None: nothing is evaluated).
+    metric: str | None = None
+    dataset: str | None = None
+    validation_split: float = 0.1
+
+
 class EvaluateInput(Model):
     backend: str
     trainer_job_id: str
@@ -225,6 +239,8 @@ class PromoteInput(Model):
     checkpoint: str
     model_id: str
     base_model: str
+    #: The spec field that names the model (for messages).
+    field: str = "output.model_id"
 
 
 class ModelInfo(Model):
@@ -314,6 +330,8 @@ class JobStatus(Model):
     checkpoints: list[CheckpointRecord] = Field(default_factory=list)
     best: CheckpointRecord | None = None
     preemptions: int = 0
+    #: Trainers lost because the platform restarted (not preemptions; the same budget).
+    platform_restarts: int = 0
     failures: int = 0
     route_races: int = 0
     recoveries: list[RecoveryRecord] = Field(default_factory=list)

@@ -38,6 +38,10 @@ class Phase(StrEnum):
     CANCELLED = "CANCELLED"
     #: Ended because the preemption budget ran out; retryable from the last checkpoint.
     PREEMPTED = "PREEMPTED"
+    #: Stopped from outside (Temporal's terminate): the workflow never ran its cleanup, so
+    #: its trainer may still be live. The workflow never sets it; the status, list and
+    #: cancel read it from Temporal's outcome of the run.
+    TERMINATED = "TERMINATED"
 
     def is_terminal(self) -> bool:
         return self in TERMINAL_PHASES
@@ -55,4 +59,6 @@ class Phase(StrEnum):
         )
 
 
-TERMINAL_PHASES = frozenset({Phase.COMPLETED, Phase.FAILED, Phase.CANCELLED, Phase.PREEMPTED})
+TERMINAL_PHASES = frozenset(
+    {Phase.COMPLETED, Phase.FAILED, Phase.CANCELLED, Phase.PREEMPTED, Phase.TERMINATED}
+)

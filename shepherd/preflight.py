@@ -15,10 +15,12 @@ claim; it times out by itself if a submitter dies holding it. A schedule's run k
 model id only once its templates are filled, so it claims the id itself when it starts,
 through this same check and lock (activities/claims.py).
 
-Backends. A worker advertises the backend profiles it knows in its Temporal identity
-(:func:`worker_identity`); a submission asks the task queue's pollers (one cheap RPC). With
-no advertising worker polling — workers down, or older ones — nothing can be said and the
-job is accepted: the workflow then fails before provisioning, naming the backend.
+Workers. A submission is refused where no worker polls its task queue (the job would wait
+for ever). A worker advertises the backend profiles it knows and the loops registered with
+it in its Temporal identity (:func:`worker_identity`); a submission asks the task queue's
+pollers (one cheap RPC) and refuses a backend or loop none of them has. Workers that
+advertise nothing (older ones) say nothing, and the job is accepted: the workflow's first
+activity (activities/preflight.py) then fails it before provisioning, naming the field.
 Training shapes are not checked here: resolving one needs the platform's key, which only
 workers hold; the workflow resolves the shape first of all, before any trainer exists.
 """
@@ -55,6 +57,10 @@ LOCK_WAIT = timedelta(seconds=20)
 #: (milliseconds on SQL visibility, about a second with Elasticsearch).
 VISIBLE_WAIT = timedelta(seconds=10)
 _BACKENDS = " backends="
+#: A worker that has just started is listed as a poller once its first poll reaches the
+#: server (well under a second): a queue is looked at again for this long before a
+#: submission is refused for having no worker.
+POLLER_GRACE = timedelta(seconds=2)
 
 
 class SubmissionRefused(ValueError):
@@ -109,30 +115,78 @@ def reuse_policy(rerun: bool) -> WorkflowIDReusePolicy:
 # -------------------------------------------------------------------------- backends
 
 
-def worker_identity(backends: Iterable[str]) -> str:
-    """A worker's Temporal identity, advertising the backend profiles it can reach."""
-    return f"{os.getpid()}@{socket.gethostname()}{_BACKENDS}{','.join(sorted(backends))}"
+#: What a worker advertises, each as `` <kind>=name,name`` after its pid@host: the backend
+#: profiles it reaches, the training loops registered with it (and, room for them, the
+#: programs). Names never hold spaces or commas (spec.BACKEND_NAME, spec.LOOP_NAME).
+ADVERTISED = ("backends", "loops", "programs")
+#: Temporal refuses identities longer than its id limit (1000 by default): a list that
+#: would not fit is advertised as "*" (not listed: nothing can be said about it).
+MAX_IDENTITY = 900
 
 
-async def served_backends(client: Client, task_queue: str) -> set[str] | None:
-    """The backends the workers polling ``task_queue`` for activities advertise; None when
-    no poller advertises any (nothing can be said)."""
+def worker_identity(
+    backends: Iterable[str],
+    *,
+    loops: Iterable[str] | None = None,
+    programs: Iterable[str] | None = None,
+) -> str:
+    """A worker's Temporal identity, advertising the backend profiles it can reach and
+    the loops (programs) registered with it; a submission reads them back from the task
+    queue's pollers (:func:`advertised`)."""
+    identity = f"{os.getpid()}@{socket.gethostname()}{_BACKENDS}{','.join(sorted(backends))}"
+    for kind, names in (("loops", loops), ("programs", programs)):
+        if names is None:
+            continue
+        listed = f" {kind}={','.join(sorted(names))}"
+        identity += listed if len(identity) + len(listed) <= MAX_IDENTITY else f" {kind}=*"
+    return identity
+
+
+def parse_identity(identity: str) -> dict[str, set[str] | None]:
+    """What one worker identity advertises, by kind (None: "*", not listed)."""
+    out: dict[str, set[str] | None] = {}
+    for token in identity.split(" ")[1:]:
+        kind, sep, names = token.partition("=")
+        if sep and kind in ADVERTISED:
+            out[kind] = None if names == "*" else {n for n in names.split(",") if n}
+    return out
+
+
+async def pollers(client: Client, task_queue: str, kind: TaskQueueType.ValueType) -> list[Any]:
+    """The workers polling ``task_queue`` (for workflow or activity tasks) lately; an
+    empty list also when the server does not let us ask (not a reason to refuse)."""
     try:
         answer = await client.workflow_service.describe_task_queue(
             DescribeTaskQueueRequest(
                 namespace=client.namespace,
                 task_queue=TaskQueue(name=task_queue),
-                task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
+                task_queue_type=kind,
             )
         )
     except RPCError as exc:
         if exc.status in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED):
             raise
-        return None  # e.g. not permitted to describe queues: not a reason to refuse
-    lists = [p.identity.partition(_BACKENDS)[2] for p in answer.pollers if _BACKENDS in p.identity]
-    if not lists:
+        return []
+    return list(answer.pollers)
+
+
+async def advertised(client: Client, task_queue: str, kind: str) -> set[str] | None:
+    """The names of ``kind`` (backends, loops, programs) the workers polling
+    ``task_queue`` for activities advertise; None when no poller lists them (workers too
+    old, or a list too long to advertise: nothing can be said)."""
+    lists = [
+        parse_identity(p.identity).get(kind, None)
+        for p in await pollers(client, task_queue, TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY)
+    ]
+    if not lists or any(names is None for names in lists):
         return None
-    return {name for names in lists for name in names.split(",") if name}
+    return {name for names in lists if names for name in names}
+
+
+async def served_backends(client: Client, task_queue: str) -> set[str] | None:
+    """The backends the workers polling ``task_queue`` for activities advertise; None when
+    no poller advertises any (nothing can be said)."""
+    return await advertised(client, task_queue, "backends")
 
 
 async def check_backend(client: Client, task_queue: str, backend: str, field: str) -> None:
@@ -142,6 +196,43 @@ async def check_backend(client: Client, task_queue: str, backend: str, field: st
             field,
             f"no worker on task queue {task_queue!r} serves backend {backend!r} "
             f"(they serve: {', '.join(sorted(served)) or 'none'}); see SHEPHERD_BACKENDS",
+        )
+
+
+async def check_registered(
+    client: Client, task_queue: str, kind: str, name: str, field: str
+) -> None:
+    """Refuse a loop (or program) no worker on ``task_queue`` has registered."""
+    served = await advertised(client, task_queue, kind)
+    if served is not None and name not in served:
+        noun = kind.removesuffix("s")
+        raise SubmissionRefused(
+            field,
+            f"no worker on task queue {task_queue!r} has a {noun} {name!r} registered "
+            f"(they have: {', '.join(sorted(served)) or 'none'}); register it with the "
+            f"workers (SHEPHERD_{kind.upper()}=name=module:attr, or the 'shepherd.{kind}' "
+            "entry-point group)",
+        )
+
+
+async def check_polled(client: Client, task_queue: str, field: str, *, activities: bool) -> None:
+    """Refuse a task queue no worker polls: a job there would wait for ever (its status
+    query too). ``activities``: the queue of the job's activities, else of its workflow."""
+    kind = (
+        TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY
+        if activities
+        else TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW
+    )
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + POLLER_GRACE.total_seconds()
+    while not await pollers(client, task_queue, kind):
+        if loop.time() < deadline:
+            await asyncio.sleep(0.25)
+            continue
+        raise SubmissionRefused(
+            field,
+            f"no worker polls task queue {task_queue!r} (start one: shepherd worker "
+            f"--task-queue {task_queue}; or choose a queue workers poll)",
         )
 
 

@@ -20,9 +20,11 @@ with distinct ids overlap freely.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Awaitable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field
@@ -43,10 +45,18 @@ from temporalio.client import (
 from temporalio.common import SearchAttributePair
 from temporalio.service import RPCError, RPCStatusCode
 
+from shepherd import outcome
 from shepherd import search_attributes as sa
 from shepherd.jobs import WORKFLOW_TYPE, job_search_attributes, static_summary
 from shepherd.models import JobInput
-from shepherd.spec import JobSpec, input_error, resolve_templates, validate_spec
+from shepherd.spec import (
+    JobSpec,
+    input_error,
+    is_template,
+    parse_duration,
+    resolve_templates,
+    validate_spec,
+)
 
 T = TypeVar("T")
 
@@ -82,6 +92,29 @@ class ScheduleInfo(BaseModel):
     recent_runs: list[ScheduleRun] = Field(default_factory=list)
     running: list[str] = Field(default_factory=list)
     total_runs: int = 0
+
+
+def _duration(field: str, value: timedelta | str | None) -> timedelta | None:
+    if value is None or isinstance(value, timedelta):
+        return value
+    try:
+        return parse_duration(value)
+    except ValueError as exc:  # pydantic's error: the rule in its message
+        raise input_error(field, str(exc), "schedule") from None
+
+
+#: How long a trigger's fate is waited for: the schedule's workflow takes it within a
+#: second; a run that waits for another to be cancelled (cancel_other) may take longer.
+TRIGGER_SETTLE = timedelta(seconds=5)
+
+
+class TriggerResult(BaseModel):
+    """What a trigger did: ``started`` (``workflow_id``), ``skipped`` by the overlap
+    policy, ``waiting`` (buffered until a live run ends), or ``dropped``."""
+
+    outcome: Literal["started", "skipped", "waiting", "dropped"]
+    workflow_id: str | None = None
+    detail: str = ""
 
 
 def schedule_id(name: str) -> str:
@@ -161,24 +194,48 @@ class Schedules:
     async def create(
         self,
         name: str,
-        spec: JobSpec,
+        spec: JobSpec | Mapping[str, Any] | str | Path,
         *,
-        cron: list[str] | None = None,
-        every: timedelta | None = None,
+        cron: list[str] | str | None = None,
+        every: timedelta | str | None = None,
         overlap: Overlap = "skip",
-        catchup_window: timedelta | None = None,
-        jitter: timedelta | None = None,
+        catchup_window: timedelta | str | None = None,
+        jitter: timedelta | str | None = None,
         paused: bool = False,
         note: str = "",
         task_queue: str | None = None,
     ) -> ScheduleInfo:
+        """A schedule running ``spec`` (a JobSpec, a mapping or a spec file) on cron
+        expressions or every ``every`` — one of the two."""
+        from shepherd.client import load_job_spec
+
         check_name(name)
-        if not cron and every is None:
+        crons = [cron] if isinstance(cron, str) else list(cron or [])
+        if not all(isinstance(c, str) and c.strip() for c in crons):
+            raise input_error("cron", "must be cron expressions such as '0 3 * * *'", "schedule")
+        if not crons and every is None:
             raise input_error("schedule", "give --cron EXPR or --every DURATION", "schedule")
+        if crons and every is not None:
+            # Temporal would run on the union of both: say which one is meant instead.
+            raise input_error("schedule", "give --cron or --every, not both", "schedule")
+        every = _duration("every", every)
+        catchup_window = _duration("catchup_window", catchup_window)
+        jitter = _duration("jitter", jitter)
         if every is not None and every < timedelta(seconds=1):
             raise input_error("every", "must be at least 1s", "schedule")
         if overlap not in OVERLAP:
             raise input_error("overlap", "must be one of " + ", ".join(OVERLAP), "schedule")
+        spec = load_job_spec(spec)
+        output = spec.output
+        if output.promote != "none" and output.model_id and not is_template(output.model_id):
+            # Every run after the first would find the model taken (or claimed) and fail.
+            raise input_error(
+                "output.model_id",
+                f"{output.model_id!r} is the same for every run: template it with the run's "
+                f"time, e.g. {output.model_id}-{{scheduled_time:%Y%m%d-%H%M}}, or set "
+                "output.promote: none",
+                "schedule",
+            )
         template = prepare_template(spec, name)
         # Each run claims its model id itself, once its templates are filled, and only after
         # checking no other live job holds it; a claim set at start (a fixed id) would make two
@@ -195,7 +252,7 @@ class Schedules:
         schedule = Schedule(
             action=action,
             spec=ScheduleSpec(
-                cron_expressions=list(cron or []),
+                cron_expressions=crons,
                 intervals=[ScheduleIntervalSpec(every=every)] if every else [],
                 jitter=jitter,
             ),
@@ -204,14 +261,14 @@ class Schedules:
             ),
             state=ScheduleState(
                 paused=paused,
-                note=note or f"created by shepherd: {_describe_spec(cron or [], every)}",
+                note=note or f"created by shepherd: {_describe_spec(crons, every)}",
             ),
         )
         try:
             await self.client.create_schedule(
                 schedule_id(name),
                 schedule,
-                memo={"spec": _describe_spec(cron or [], every)},
+                memo={"spec": _describe_spec(crons, every)},
             )
         except RPCError as exc:
             raise ValueError(f"cannot create schedule {name!r}: {exc.message}") from None
@@ -272,8 +329,9 @@ class Schedules:
             d = await self.client.get_workflow_handle(workflow_id).describe()
         except RPCError:
             return None
-        phase = d.typed_search_attributes.get(sa.PHASE)
-        return phase or (d.status.name if d.status else None)
+        return outcome.shown_phase(d.typed_search_attributes.get(sa.PHASE), d.status) or (
+            d.status.name if d.status else None
+        )
 
     @staticmethod
     async def _existing(name: str, call: Awaitable[T]) -> T:
@@ -292,10 +350,51 @@ class Schedules:
     async def unpause(self, name: str, note: str = "") -> None:
         await self._existing(name, self.handle(name).unpause(note=note or "unpaused by shepherd"))
 
-    async def trigger(self, name: str, overlap: Overlap | None = None) -> None:
-        await self._existing(
-            name, self.handle(name).trigger(overlap=OVERLAP[overlap] if overlap else None)
-        )
+    async def trigger(self, name: str, overlap: Overlap | None = None) -> TriggerResult:
+        """Start a run now. Temporal accepts a trigger and then applies the overlap policy,
+        so the answer says what became of it: started (the run's workflow id), or
+        skipped / waiting because a run is still live (the policy's word)."""
+        if overlap is not None and overlap not in OVERLAP:
+            raise input_error("overlap", "must be one of " + ", ".join(OVERLAP), "schedule")
+        handle = self.handle(name)
+        described = await self._existing(name, handle.describe())
+        before, buffered = described.info, described.raw_description.info.buffer_size
+        policy = OVERLAP[overlap] if overlap else None
+        await self._existing(name, handle.trigger(overlap=policy))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + TRIGGER_SETTLE.total_seconds()
+        while True:
+            desc = await self._existing(name, handle.describe())
+            info = desc.info
+            if info.num_actions > before.num_actions:
+                started = info.recent_actions[-1] if info.recent_actions else None
+                return TriggerResult(
+                    outcome="started",
+                    workflow_id=getattr(started.action, "workflow_id", None) if started else None,
+                )
+            live = ", ".join(getattr(r, "workflow_id", "?") for r in info.running_actions)
+            chosen = (policy or desc.schedule.policy.overlap).name.lower()
+            if info.num_actions_skipped_overlap > before.num_actions_skipped_overlap:
+                return TriggerResult(
+                    outcome="skipped",
+                    detail=f"the overlap policy is {chosen} and {live or 'a run'} is still live",
+                )
+            if desc.raw_description.info.buffer_size > buffered:
+                return TriggerResult(
+                    outcome="waiting",
+                    detail=f"it starts when {live or 'the live run'} has ended (overlap "
+                    f"policy {chosen})",
+                )
+            if loop.time() >= deadline:
+                # Temporal names a run by its start second: a start in the same second as
+                # another run of this schedule is dropped without a word.
+                return TriggerResult(
+                    outcome="dropped",
+                    detail=f"no run started within {TRIGGER_SETTLE.total_seconds():.0f}s; a "
+                    "run of this schedule that started in the same second takes its id: "
+                    "trigger again",
+                )
+            await asyncio.sleep(0.2)
 
     async def backfill(
         self, name: str, start: datetime, end: datetime, overlap: Overlap = "allow_all"

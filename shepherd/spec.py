@@ -9,6 +9,7 @@ Every rule the platform would reject is checked here with the platform's own rul
 from __future__ import annotations
 
 import json
+import math
 import re
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -33,23 +34,63 @@ from shepherd.platform import rules
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
+# ------------------------------------------------------------------ sane bounds
+#
+# A submission holds every duration to at most MAX_DURATION: a year is longer than any
+# job, wait or timeout Shepherd has a use for, and far inside what Temporal's timers hold
+# ("100000000d" was accepted and broke Temporal's timeout fields). Any duration is finite
+# and fits a timedelta (".inf" or "99999999999999999999d" ended in an OverflowError).
+MAX_DURATION = timedelta(days=365)
+#: The shortest value of each policy that a healthy trainer can meet. Below them a job
+#: would hold a trainer only to time out: the creation, the boot or the first step.
+MIN_POLICY: dict[str, timedelta] = {
+    # Waiting for a capacity slot: a busy platform places a job in seconds at best.
+    "pending_timeout": timedelta(seconds=10),
+    # From slot to RUNNING: a trainer's boot takes seconds even on localplane.
+    "ready_timeout": timedelta(seconds=10),
+    # Warm-up: consecutive probes spaced by policies.WARMUP_PROBE_SPACING, and the route
+    # race on top.
+    "warmup_timeout": timedelta(seconds=10),
+    # One optimizer step's call also waits for the trainer's queue and the network: 1 s
+    # is the least a step of the smallest model meets on an idle trainer.
+    "step_timeout": timedelta(seconds=1),
+    # Heartbeats are sent every quarter of it; below 1 s they would be most of the load.
+    "heartbeat_timeout": timedelta(seconds=1),
+    # Polling faster than once a second only loads the platform (and Temporal).
+    "poll_interval": timedelta(seconds=1),
+}
+#: The shortest max_runtime: a job needs about a minute to get a trainer and train at all.
+MIN_MAX_RUNTIME = timedelta(minutes=1)
 
-def parse_duration(value: Any) -> timedelta:
-    """``90``, ``"90s"``, ``"15m"``, ``"1h30m"``, ``"48h"``, ``"2d"`` or a timedelta."""
+_DURATION_RULE = "must be a duration such as '90s', '15m' or '48h'"
+
+
+def _seconds_of(value: Any) -> float:
     if isinstance(value, timedelta):
-        return value
+        return value.total_seconds()
     if isinstance(value, bool):
-        raise PydanticCustomError("duration", "must be a duration such as '90s', '15m' or '48h'")
+        raise PydanticCustomError("duration", _DURATION_RULE)
     if isinstance(value, int | float):
-        return timedelta(seconds=float(value))
+        return float(value)
     if isinstance(value, str):
         text = value.strip().replace(" ", "")
         parts = _DURATION_PART.findall(text)
         if parts and "".join(n + u for n, u in parts) == text:
-            return timedelta(seconds=sum(float(n) * _UNITS[u] for n, u in parts))
+            return sum(float(n) * _UNITS[u] for n, u in parts)
         if re.fullmatch(r"\d+(\.\d+)?", text):
-            return timedelta(seconds=float(text))
-    raise PydanticCustomError("duration", "must be a duration such as '90s', '15m' or '48h'")
+            return float(text)
+    raise PydanticCustomError("duration", _DURATION_RULE)
+
+
+def parse_duration(value: Any) -> timedelta:
+    """``90``, ``"90s"``, ``"15m"``, ``"1h30m"``, ``"48h"``, ``"2d"`` or a timedelta;
+    finite (a submission also holds it to :data:`MAX_DURATION`, see "sane bounds")."""
+    seconds = _seconds_of(value)
+    if not math.isfinite(seconds) or abs(seconds) > timedelta.max.total_seconds():
+        raise PydanticCustomError(
+            "duration", f"must be finite and at most {MAX_DURATION.days}d (a year)"
+        )
+    return value if isinstance(value, timedelta) else timedelta(seconds=seconds)
 
 
 def format_duration(td: timedelta) -> str:
@@ -127,6 +168,24 @@ LABEL_KEY = re.compile(r"^[a-z0-9]([a-z0-9_./-]{0,61}[a-z0-9])?\Z")
 LOOP_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,62}\Z")
 JOB_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?\Z")
 BACKEND_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}\Z")
+METRIC_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:/-]{0,63}\Z")
+#: Temporal task queue names Shepherd accepts: no spaces or control characters.
+QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,199}\Z")
+#: The metrics the built-in loops' evaluations report (shepherd.loops declares them on the
+#: loops; a spec naming another one would fail at its first evaluation).
+BUILTIN_LOOP_METRICS: dict[str, tuple[str, ...]] = {"supervised": ("eval_loss",)}
+
+
+def label_problem(key: str, value: str, *, searchable: bool = True) -> str | None:
+    """Why ``key=value`` cannot be a label (None: it can). The same rule for a submitted
+    spec's labels and for ``list --label``, so every label can be searched for."""
+    if not LABEL_KEY.match(key):
+        return f"label key {key!r} must be 1-63 characters of a-z, 0-9, '_', '.', '/', '-'"
+    # A '"' cannot be searched for: visibility's full-text index of a KeywordList (SQLite's
+    # FTS5) breaks on it, escaped or not.
+    if len(value) > 63 or _control_characters(value) or (searchable and '"' in value):
+        return f"label {key!r}: values are at most 63 characters on one line, without '\"'"
+    return None
 
 
 class TrainerSpec(SpecModel):
@@ -241,6 +300,7 @@ class CheckpointSpec(SpecModel):
     keep_last: Int = Field(default=3, ge=1, le=1000)
     #: Tracked metric for "best": ``eval_loss`` (or another key the trainer's evaluate returns).
     metric: str = "eval_loss"
+
     mode: Literal["min", "max"] = "min"
     #: Which checkpoint a recovery reloads.
     resume_from: Literal["last", "best"] = "last"
@@ -355,18 +415,8 @@ class JobSpec(SpecModel):
         if len(value) > 32:
             raise PydanticCustomError("labels", "at most 32 labels")
         for key, val in value.items():
-            if not LABEL_KEY.match(key):
-                raise PydanticCustomError(
-                    "labels",
-                    "label key '{key}' must be 1-63 characters of a-z, 0-9, '_', '.', '/', '-'",
-                    {"key": key},
-                )
-            if len(val) > 63 or _control_characters(val):
-                raise PydanticCustomError(
-                    "labels",
-                    "label '{key}': values are at most 63 characters on one line",
-                    {"key": key},
-                )
+            if problem := label_problem(key, val, searchable=False):
+                raise PydanticCustomError("labels", "{problem}", {"problem": problem})
         return value
 
     @model_validator(mode="after")
@@ -473,16 +523,129 @@ def problems_from(exc: ValidationError) -> list[SpecProblem]:
     return out
 
 
-def validate_spec(data: Any, source: str | None = None) -> JobSpec:
-    """A valid :class:`JobSpec` from a dict (or a JobSpec), else :class:`SpecError`."""
+def validate_spec(data: Any, source: str | None = None, *, strict: bool = True) -> JobSpec:
+    """A valid :class:`JobSpec` from a dict (or a JobSpec), else :class:`SpecError`.
+
+    ``strict`` (a submission, a dry run, a schedule or a retry being created) also applies
+    :func:`submission_problems`. Workflow code validates leniently: a spec recorded in a
+    running job's history (its input, a schedule's template, a sweep's trial) must stay
+    readable, and mean what it meant, when these rules grow."""
     if isinstance(data, JobSpec):
         data = data.model_dump(mode="json")
     if not isinstance(data, dict):
         raise SpecError([SpecProblem(field="spec", rule="must be a mapping of sections")], source)
     try:
-        return JobSpec.model_validate(data)
+        spec = JobSpec.model_validate(data)
     except ValidationError as exc:
         raise SpecError(problems_from(exc), source) from None
+    if strict and (problems := submission_problems(spec)):
+        raise SpecError(problems, source)
+    return spec
+
+
+def _durations(model: BaseModel, prefix: str) -> list[tuple[str, timedelta]]:
+    out = []
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        if isinstance(value, timedelta):
+            out.append((f"{prefix}{name}", value))
+        elif isinstance(value, BaseModel):
+            out += _durations(value, f"{prefix}{name}.")
+    return out
+
+
+def submission_problems(spec: JobSpec) -> list[SpecProblem]:
+    """What a submission refuses beyond the spec's own model: everything that can be
+    checked before anything is provisioned without asking a worker or the platform
+    (issue 17). Templated values are checked once filled (:func:`resolve_templates`)."""
+    problems: list[SpecProblem] = []
+
+    def refuse(field: str, rule: str) -> None:
+        problems.append(SpecProblem(field=field, rule=rule))
+
+    for field, duration in _durations(spec, ""):
+        if duration > MAX_DURATION:
+            refuse(field, f"must be at most {MAX_DURATION.days}d (a year)")
+    for name, least in MIN_POLICY.items():
+        if getattr(spec.policies, name) < least:
+            refuse(f"policies.{name}", f"must be at least {format_duration(least)}")
+    runtime = spec.scheduling.max_runtime
+    if runtime is not None and runtime < MIN_MAX_RUNTIME:
+        refuse("scheduling.max_runtime", f"must be at least {format_duration(MIN_MAX_RUNTIME)}")
+    t, tr, c = spec.trainer, spec.training, spec.checkpoint
+    if not is_template(t.base_model) and (problem := rules.check_trainer_base_model(t.base_model)):
+        refuse("trainer.base_model", problem)
+    for i, arg in enumerate(t.extra_args):
+        if problem := rules.check_extra_arg(arg):
+            refuse(f"trainer.extra_args[{i}]", problem)
+    if tr.micro_batches > tr.batch_size:
+        refuse(
+            "training.micro_batches",
+            f"must be <= training.batch_size ({tr.batch_size}): a micro-batch holds at least "
+            "one example",
+        )
+    if not is_template(tr.dataset) and (problem := datasets.check_path(tr.dataset)):
+        refuse("training.dataset", problem)
+    if not METRIC_NAME.match(c.metric):
+        refuse(
+            "checkpoint.metric",
+            "must be the name of a metric the loop's evaluation reports (e.g. eval_loss; "
+            "1-64 characters of letters, digits, '_', '.', ':', '/', '-')",
+        )
+    elif (reports := BUILTIN_LOOP_METRICS.get(tr.loop)) and c.evaluate and c.metric not in reports:
+        refuse(
+            "checkpoint.metric", f"the built-in loop {tr.loop!r} reports only {', '.join(reports)}"
+        )
+    queue = spec.scheduling.queue
+    if queue is not None and not QUEUE_NAME.match(queue):
+        refuse(
+            "scheduling.queue",
+            "must be a task queue name: 1-200 characters of letters, digits, '.', '_', ':', "
+            "'/' and '-'",
+        )
+    for key, label in spec.labels.items():
+        if problem := label_problem(key, label):
+            refuse("labels", problem)
+    return problems
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a mapping that repeats a key (which YAML's loaders
+    accept silently, the last one winning: a spec would run with half its section lost)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # "<<: *base": overriding merged keys is what merging is for
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                first = seen.get(key)
+            except TypeError:
+                continue  # an unhashable key: the base loader reports it
+            if first is not None:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"duplicate key {key!r} (first on line {first + 1})",
+                    key_node.start_mark,
+                )
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(text: str) -> Any:
+    """YAML as a spec reads it: safe, and a repeated key is an error."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key {key!r}")
+        out[key] = value
+    return out
 
 
 def load_spec_data(path: str | Path) -> dict[str, Any]:
@@ -494,8 +657,12 @@ def load_spec_data(path: str | Path) -> dict[str, Any]:
             [SpecProblem(field="spec", rule=f"cannot read {path}: {exc.strerror}")], str(path)
         ) from None
     try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        data = (
+            json.loads(text, object_pairs_hook=_unique_pairs)
+            if path.suffix == ".json"
+            else load_yaml(text)
+        )
+    except (ValueError, yaml.YAMLError) as exc:
         raise SpecError(
             [
                 SpecProblem(
@@ -531,7 +698,11 @@ def apply_override(data: dict[str, Any], item: str) -> None:
     key, sep, raw = item.partition("=")
     if not sep or not key:
         raise input_error(item, "an override must be path.to.field=value", "override")
-    set_path(data, key.strip(), yaml.safe_load(raw) if raw else "")
+    try:
+        value = load_yaml(raw) if raw else ""
+    except yaml.YAMLError as exc:
+        raise input_error(key.strip(), f"not a YAML value: {exc}", "override") from None
+    set_path(data, key.strip(), value)
 
 
 def set_path(data: dict[str, Any], path: str, value: Any) -> None:
@@ -557,9 +728,10 @@ def has_templates(spec: JobSpec) -> bool:
     return TEMPLATE_MARK in spec.model_dump_json()
 
 
-def resolve_templates(spec: JobSpec, scheduled_time: datetime) -> JobSpec:
+def resolve_templates(spec: JobSpec, scheduled_time: datetime, *, strict: bool = True) -> JobSpec:
     """Fill ``{scheduled_time:%Y%m%d}``-style placeholders in string fields (schedules),
-    then validate the result fully. A placeholder that cannot be filled is a SpecError
+    then validate the result fully (``strict``: see :func:`validate_spec`; a workflow
+    filling its own templates is not). A placeholder that cannot be filled is a SpecError
     naming its field."""
     data = spec.model_dump(mode="json")
     problems: list[SpecProblem] = []
@@ -596,4 +768,4 @@ def resolve_templates(spec: JobSpec, scheduled_time: datetime) -> JobSpec:
     filled = fill(data, "")
     if problems:
         raise SpecError(problems)
-    return validate_spec(filled)
+    return validate_spec(filled, strict=strict)

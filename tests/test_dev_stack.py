@@ -91,7 +91,7 @@ async def test_dev_brings_everything_up_runs_a_job_and_stops_cleanly(tmp_path: P
         spec = validate_spec(
             {
                 "name": "devstack",
-                "trainer": {"base_model": "m"},
+                "trainer": {"base_model": "accounts/fireworks/models/qwen3-8b"},
                 "training": {"total_steps": 10},
                 "checkpoint": {"every_steps": 5},
                 "output": {"model_id": "devstack-model"},
@@ -118,6 +118,40 @@ async def test_dev_brings_everything_up_runs_a_job_and_stops_cleanly(tmp_path: P
             check=True,
         )
         assert link.stdout.strip().startswith(f"{info['ui']}/namespaces/"), link.stdout
+        # ... also where the shell names the server "localhost" (stack.json: 127.0.0.1),
+        # which is how `shepherd logs` finds the stack's trainer log.
+        port = info["temporal"].rpartition(":")[2]
+        found = await asyncio.to_thread(
+            subprocess.run,
+            [
+                sys.executable,
+                "-c",
+                "from shepherd.cli.common import dev_stack_info; print(dev_stack_info()['plane'])",
+            ],
+            env={
+                **os.environ,
+                "SHEPHERD_STATE_DIR": str(state),
+                "TEMPORAL_ADDRESS": f"localhost:{port}",
+            },
+            capture_output=True,
+            text=True,
+        )
+        assert found.stdout.strip() == info["plane"], found.stderr
+
+        # A second stack in the same directory is refused, naming the running one, and
+        # leaves its stack.json alone.
+        again = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "shepherd.cli.main", "dev", "--state-dir", str(state)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert again.returncode == 1, again.stdout + again.stderr
+        assert "already running" in again.stderr and info["temporal"] in again.stderr
+        assert "Traceback" not in again.stdout + again.stderr
+        assert len(again.stderr.strip().splitlines()) == 1
+        assert json.loads((state / "stack.json").read_text()) == info
     finally:
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)

@@ -21,6 +21,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 from localplane.admin import PlaneAdmin
+from shepherd.cli.render import steps
 from shepherd.jobs import start_job
 from shepherd.models import JobStatus
 from shepherd.phases import Phase
@@ -114,7 +115,7 @@ async def _run(stack: DevStack, console: Console, spec_path: Path) -> bool:
     for r in final.recoveries:
         console.print(
             f"  recovery {r.number}: {r.reason} at step {r.at_step} -> resumed from step {r.resumed_from_step} "
-            f"({r.steps_redone} steps redone, {r.duration_s:.1f}s)"
+            f"({steps(r.steps_redone or 0)} redone, {r.duration_s:.1f}s)"
         )
     console.print(
         f"  route 404s served by the gateway for this trainer: {job_stats.get('route404s', 0)}"

@@ -372,6 +372,43 @@ class DevStack:
             self.temporal.stop()
 
 
+#: Held by the ``shepherd dev`` that runs the stack of a state directory, for its life.
+LOCK_FILE = "dev.lock"
+
+
+class StackRunning(RuntimeError):
+    """Another ``shepherd dev`` runs the stack of this state directory."""
+
+
+def lock_state_dir(state_dir: Path, stack_file: str) -> Any:
+    """An exclusive lock on ``state_dir`` for this process's life (the OS drops it when the
+    process ends, however it ends). A second stack on the same directory would share the
+    Temporal database and the plane's data, and its ports are taken: refused, naming the
+    running one from its ``stack_file``."""
+    import fcntl
+
+    state_dir.mkdir(parents=True, exist_ok=True)
+    handle = open(state_dir / LOCK_FILE, "a+")  # noqa: SIM115 - held until the process ends
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        where = ""
+        try:
+            info = json.loads((state_dir / stack_file).read_text())
+            where = (
+                f" (Temporal {info.get('temporal')}, Web UI {info.get('ui')}, "
+                f"localplane {info.get('plane')}, worker pid {info.get('pids', {}).get('worker')})"
+            )
+        except (OSError, ValueError, AttributeError):
+            pass
+        raise StackRunning(
+            f"a Shepherd dev stack is already running from {state_dir}{where}; use it, stop "
+            "it (Ctrl-C where it runs), or start another with --state-dir DIR and other ports"
+        ) from None
+    return handle
+
+
 def run_until_signalled(is_dead: Any) -> str:
     """Block until SIGINT/SIGTERM (returns "signal") or a service dies (returns its name).
     Either way the caller stops the services next, so from the return on, signals no longer

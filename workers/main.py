@@ -25,12 +25,14 @@ from temporalio.worker import PollerBehaviorSimpleMaximum, Worker
 
 from activities.checkpoints import CheckpointActivities
 from activities.claims import ClaimActivities
+from activities.preflight import PreflightActivities
 from activities.promotion import PromotionActivities
 from activities.provisioning import ProvisioningActivities
 from activities.readiness import ReadinessActivities
 from activities.recovery import RecoveryActivities
 from activities.sweeps import SweepActivities
 from activities.training import TrainingActivities
+from shepherd import loops
 from shepherd.logging import configure_logging
 from shepherd.preflight import worker_identity
 from shepherd.temporal import TemporalSettings, connect, ensure_search_attributes
@@ -48,6 +50,7 @@ WORKFLOWS: list[type] = [TrainingJobWorkflow, SweepWorkflow]
 def activities_for(registry: BackendRegistry) -> list[Callable[..., Any]]:
     """Every activity, as bound methods of objects sharing one set of platform clients."""
     groups = [
+        PreflightActivities(registry),
         ProvisioningActivities(registry),
         ReadinessActivities(registry),
         TrainingActivities(registry),
@@ -110,6 +113,16 @@ class WorkerSizing:
         return cls(**values)
 
 
+def _registered_loops() -> list[str] | None:
+    """The loops this worker can run (None: its SHEPHERD_LOOPS cannot be read, so it lists
+    none; each job then fails its preflight with the reason)."""
+    try:
+        return sorted(loops.registered())
+    except loops.LoopLoadError as exc:
+        log.warning("worker.loops_unreadable", error=str(exc))
+        return None
+
+
 def workers_for(
     client: Client,
     task_queue: str,
@@ -120,8 +133,9 @@ def workers_for(
     ``task_queue``, polls on its waits queue (each with its own slots and pollers)."""
     sizing = sizing or WorkerSizing()
     activities = activities_for(registry)
-    # Advertises the backends it serves: submission refuses a backend no worker has.
-    identity = worker_identity(registry.profiles)
+    # Advertises the backends it serves and the loops registered with it: a submission
+    # refuses a backend or loop no worker has.
+    identity = worker_identity(registry.profiles, loops=_registered_loops())
     return [
         Worker(
             client,

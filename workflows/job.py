@@ -35,6 +35,7 @@ from temporalio.exceptions import (
 with workflow.unsafe.imports_passed_through():
     from activities.checkpoints import CheckpointActivities
     from activities.claims import MODEL_CLAIMED, ClaimActivities, ClaimInput
+    from activities.preflight import PreflightActivities
     from activities.promotion import PromotionActivities
     from activities.provisioning import ProvisioningActivities
     from activities.readiness import ReadinessActivities
@@ -60,6 +61,7 @@ with workflow.unsafe.imports_passed_through():
         PauseResult,
         PlatformEvent,
         PlatformJob,
+        PreflightInput,
         PromoteInput,
         PruneCheckpointsInput,
         RecoveryRecord,
@@ -262,6 +264,13 @@ class TrainingJobWorkflow:
         except _Terminal as t:
             await self._finish(t.phase, ErrorInfo(type=t.type, message=t.message))
             raise ApplicationError(t.message, type=t.type, non_retryable=True) from None
+        except ApplicationError as err:
+            # A local activity's own failure (see _act): the job fails as for any other.
+            if not self._adopted(versions.LOCAL_FAILURES_HANDLED):
+                raise
+            error = ErrorInfo(type=err.type or "ApplicationError", message=err.message)
+            await self._finish(Phase.FAILED, error)
+            raise ApplicationError(error.message, type=error.type, non_retryable=True) from None
         await self._finish(Phase.COMPLETED, None)
         return self.s
 
@@ -304,6 +313,8 @@ class TrainingJobWorkflow:
                 self._fill_templates()
                 if await self._patched("claim-templated-model-id"):
                     await self._claim_model()
+            if self._adopted(versions.PREFLIGHT):
+                await self._preflight()
             if self.spec.trainer.training_shape and self._shape_version is None:
                 shape = await self._act(
                     ProvisioningActivities.resolve_shape,
@@ -345,12 +356,31 @@ class TrainingJobWorkflow:
         await self._final_evaluation()
         await self._promote()
 
+    async def _preflight(self) -> None:
+        """What only a worker can check (the loop, the metric it reports, the dataset,
+        the base model), before anything is provisioned: a failure ends the job here,
+        naming every field (activities/preflight.py)."""
+        c, tr = self.spec.checkpoint, self.spec.training
+        await self._act(
+            PreflightActivities.preflight,
+            PreflightInput(
+                backend=self.spec.backend,
+                base_model=self.spec.trainer.base_model,
+                loop=tr.loop,
+                metric=c.metric if c.evaluate else None,
+                dataset=tr.dataset,
+                validation_split=tr.validation_split,
+            ),
+            self.pol.lookup,
+            "preflight: loop, metric, dataset, base model",
+        )
+
     def _fill_templates(self) -> None:
         """A scheduled run: fill the spec's templates with this run's scheduled time."""
         info = workflow.info()
         when = info.typed_search_attributes.get(sa.SCHEDULED_START) or info.start_time
         try:
-            self.spec = resolve_templates(self.spec, when)
+            self.spec = resolve_templates(self.spec, when, strict=False)
         except SpecError as exc:
             raise _Terminal(Phase.FAILED, "InvalidSpec", str(exc)) from None
         self._templated = False
@@ -809,12 +839,21 @@ class TrainingJobWorkflow:
                 f"trainer {self.s.trainer_job_id} was deleted outside Shepherd ({job.state if job else '?'})",
             )
         if reason in _INFRA_REASONS:
-            self.s.preemptions += 1
-            if self.s.preemptions > self.pol.max_preemptions:
+            # A platform restart is no preemption (and no reason to leave spot capacity);
+            # it is paid from the same infrastructure budget.
+            if reason == "platform_restart" and self._adopted(versions.RESTARTS_APART):
+                self.s.platform_restarts += 1
+            else:
+                self.s.preemptions += 1
+            infra = self.s.preemptions + self.s.platform_restarts
+            if infra > self.pol.max_preemptions:
+                restarts = self.s.platform_restarts
                 raise _Terminal(
                     Phase.PREEMPTED,
                     "PreemptionBudgetExhausted",
-                    f"{self.s.preemptions} preemptions exceed policies.max_preemptions ({self.pol.max_preemptions}); "
+                    f"{self.s.preemptions} preemptions"
+                    + (f" and {restarts} platform restarts" if restarts else "")
+                    + f" exceed policies.max_preemptions ({self.pol.max_preemptions}); "
                     f"retry from checkpoint {self._recovery_checkpoint() or '(none)'}",
                 )
         else:
@@ -1096,6 +1135,15 @@ class TrainingJobWorkflow:
             return await workflow.execute_activity_method(fn, arg, **options, summary=summary)
         except ActivityError as err:
             self._raise_mapped(err, timeout_type, summary)
+        except ApplicationError as err:
+            # A local activity's failure reaches the workflow as the activity's own
+            # ApplicationError, not wrapped in an ActivityError (temporalio 1.35): it used to
+            # pass every handler below, so the job failed with its phase never set and no
+            # cleanup run (a refused create showed QUEUED for ever; a failed open_model
+            # leaked its trainer).
+            if not (policy.local and self._adopted(versions.LOCAL_FAILURES_HANDLED)):
+                raise
+            self._raise_mapped(err, timeout_type, summary)
 
     async def _patched(self, patch_id: str) -> bool:
         """A patch of the code before the current lifecycle (versions.LEGACY_PATCHES):
@@ -1136,16 +1184,22 @@ class TrainingJobWorkflow:
         can absorb."""
         if workflow.cancellation_reason() is None:
             return
-        if self._current or workflow.patched(versions.CANCEL_CHECKED):
+        if self._adopted(versions.CANCEL_CHECKED):
             raise asyncio.CancelledError("the job was cancelled")
 
-    def _raise_mapped(self, err: ActivityError, timeout_type: str, what: str) -> NoReturn:
+    def _adopted(self, patch_id: str) -> bool:
+        """A change made with or after the current lifecycle (versions.ADOPTED): on in every
+        current run; a legacy run takes it up where it first meets it live, and keeps its
+        recorded behaviour on replay."""
+        return self._current or workflow.patched(patch_id)
+
+    def _raise_mapped(self, err: FailureError, timeout_type: str, what: str) -> NoReturn:
         mapped = self._mapped(err, timeout_type, what)
         if mapped is err:
             raise err  # unchanged, cause and all (``from`` would rewrite its cause)
         raise mapped from None
 
-    def _mapped(self, err: ActivityError, timeout_type: str, what: str) -> BaseException:
+    def _mapped(self, err: FailureError, timeout_type: str, what: str) -> BaseException:
         """An activity failure as the workflow's next move: a lost trainer (recovery), a
         terminal error, or — kept intact, cause and all, so a cancellation stays
         recognisable — the original failure."""

@@ -51,6 +51,10 @@ BACKEND_MISCONFIGURED = "BackendMisconfigured"
 METRIC_MISSING = "MetricMissing"
 #: A user training loop could not be loaded.
 LOOP_ERROR = "LoopError"
+#: The job's dataset cannot be read or parsed on the worker (its preflight).
+INVALID_DATASET = "InvalidDataset"
+#: The base model does not exist on the backend, or is another account's (its preflight).
+INVALID_BASE_MODEL = "InvalidBaseModel"
 
 #: Errors no retry can fix, for every platform-calling activity.
 PERMANENT = [
@@ -67,6 +71,8 @@ PERMANENT = [
     BACKEND_MISCONFIGURED,
     METRIC_MISSING,
     LOOP_ERROR,
+    INVALID_DATASET,
+    INVALID_BASE_MODEL,
 ]
 
 

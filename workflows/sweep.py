@@ -67,6 +67,10 @@ class SweepWorkflow:
         )
         running: dict[int, Any] = {}
         try:
+            if self.sweep.promote_best is not None and workflow.patched(
+                "sweep-checks-model-before-trials"
+            ):
+                await self._check_model_free()
             await self._trials(running)
             await self._promote()
         except asyncio.CancelledError:
@@ -211,6 +215,27 @@ class SweepWorkflow:
 
     # ------------------------------------------------------------------ promote
 
+    async def _check_model_free(self) -> None:
+        """A taken ``promote_best.model_id`` fails the sweep before any trial runs (as a
+        job's output model fails the job before its trainer)."""
+        assert self.sweep.promote_best is not None
+        base = self.sweep.base
+        policies = Policies.for_spec(base.policies, chunk_steps=base.steps_per_chunk)
+        await workflow.execute_activity_method(
+            PromotionActivities.check_model_free,
+            PromoteInput(
+                backend=base.backend,
+                trainer_job_id="",
+                checkpoint="",
+                model_id=self.sweep.promote_best.model_id,
+                base_model=base.trainer.base_model,
+                field="promote_best.model_id",
+            ),
+            **policies.lookup.options(),
+            task_queue=base.scheduling.queue or workflow.info().task_queue,
+            summary="check the promote_best model id",
+        )
+
     async def _promote(self) -> None:
         best = self.s.best_trial
         if self.sweep.promote_best is None or best is None or best.best_checkpoint is None:
@@ -223,6 +248,7 @@ class SweepWorkflow:
             checkpoint=best.best_checkpoint,
             model_id=self.sweep.promote_best.model_id,
             base_model=base.trainer.base_model,
+            field="promote_best.model_id",
         )
         model: ModelInfo = await workflow.execute_activity_method(
             PromotionActivities.promote_checkpoint,

@@ -49,9 +49,20 @@ LEGACY_PATCHES = (
 #: the first call of each recorded its marker somewhere in the run's history.
 LAST_LEGACY = LEGACY_PATCHES[-1]
 
-#: A legacy run that meets a cancel request decides here whether it checks for it before its
-#: next command (recorded after this code was deployed) or goes on as it did (recorded before).
+# Changes made with or after the current lifecycle: on in every current run (no marker); a
+# legacy run decides each where it first meets it (on live, recorded before on replay).
+
+#: A cancel request is checked before every command the lifecycle sends.
 CANCEL_CHECKED = "cancel-checked-before-commands"
+#: A local activity's failure (temporalio 1.35 raises it unwrapped, not as an ActivityError)
+#: is handled like any activity failure: the job finishes FAILED with its cleanup.
+LOCAL_FAILURES_HANDLED = "local-activity-failures-are-handled"
+#: A platform restart counts as one (status.platform_restarts), not as a preemption.
+RESTARTS_APART = "platform-restarts-are-not-preemptions"
+#: The job's first activity checks what only a worker can (activities/preflight.py).
+PREFLIGHT = "preflight-before-provisioning"
+#: All of them.
+ADOPTED = (CANCEL_CHECKED, LOCAL_FAILURES_HANDLED, RESTARTS_APART, PREFLIGHT)
 
 
 def marker_in_sight(patch_id: str) -> bool:

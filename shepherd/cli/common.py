@@ -60,9 +60,24 @@ def dev_stack_info() -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     address = CONNECTION.address or os.environ.get("TEMPORAL_ADDRESS", "localhost:7233")
-    if not isinstance(info, dict) or info.get("temporal") != address:
+    if not isinstance(info, dict) or not same_address(info.get("temporal"), address):
         return None  # that stack is not the one this command talks to
     return info
+
+
+#: Names of this machine's loopback interface: the dev stack records 127.0.0.1, the
+#: default address says localhost; both are the same server.
+_LOOPBACK = {"localhost", "127.0.0.1", "::1", "[::1]"}
+
+
+def same_address(a: Any, b: Any) -> bool:
+    """Whether two ``host:port`` addresses name the same server (loopback names alike)."""
+    if not isinstance(a, str) or not isinstance(b, str):
+        return False
+    (host_a, _, port_a), (host_b, _, port_b) = a.rpartition(":"), b.rpartition(":")
+    if port_a != port_b:
+        return False
+    return host_a == host_b or (host_a in _LOOPBACK and host_b in _LOOPBACK)
 
 
 def _dev_stack_ui() -> str | None:

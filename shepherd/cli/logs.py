@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from shepherd.cli.common import EXIT_FAILED, EXIT_INVALID, dev_stack_info, fail, run, shepherd
+from shepherd.states import JobState
 
 if TYPE_CHECKING:
     from temporalio.api.history.v1 import HistoryEvent
@@ -121,6 +122,17 @@ class _Scheduled:
     activity_type: str
     at: datetime
     attempt: int = 1
+    trainer: str | None = None
+
+
+#: The polls the workflow races against platform events, and the states that end each: a
+#: poll cancelled once its trainer's event said one of them was answered by the event.
+_WAIT_TARGETS: dict[str, set[str]] = {
+    "wait_for_placement": {JobState.CREATING.value, JobState.RUNNING.value},
+    "wait_for_running": {JobState.RUNNING.value},
+    "wait_for_resumable": {s.value for s in JobState if s.is_resumable()}
+    | {JobState.RUNNING.value},
+}
 
 
 class Lifecycle:
@@ -139,6 +151,9 @@ class Lifecycle:
         self.outcome: str | None = None
         self._scheduled: dict[int, _Scheduled] = {}
         self._updates: dict[int, str] = {}
+        #: Each trainer's state by the last platform event; whether a cancel was asked.
+        self._event_states: dict[str, str] = {}
+        self._cancel_requested = False
 
     def _values(self, payloads: Any) -> list[Any]:
         try:
@@ -219,6 +234,7 @@ class Lifecycle:
         return "job timed out"
 
     def _on_workflow_execution_cancel_requested(self, event: Any, a: Any, when: datetime) -> str:
+        self._cancel_requested = True
         return f"cancel requested{f': {a.cause}' if a.cause else ''}"
 
     # ------------------------------------------------------------ messages
@@ -229,6 +245,8 @@ class Lifecycle:
             trainer, state = arg.get("trainer_job_id", "?"), arg.get("state")
             if state == "JOB_STATE_DELETED" and isinstance(trainer, str):
                 self.deleted.add(trainer)
+            if isinstance(trainer, str) and isinstance(state, str):
+                self._event_states[trainer] = state
             message = f": {arg['message']}" if arg.get("message") else ""
             return f"platform: trainer {trainer} {_short_state(state)}{message}"
         detail = ", ".join(f"{k} {v}" for k, v in arg.items() if v not in (None, "", {}, []))
@@ -252,7 +270,13 @@ class Lifecycle:
         if event.HasField("user_metadata") and event.user_metadata.HasField("summary"):
             summary = str(self._value(event.user_metadata.summary) or "")
         summary = summary or a.activity_type.name
-        self._scheduled[event.event_id] = _Scheduled(summary, a.activity_type.name, when)
+        trainer = self._arg(a.input.payloads).get("trainer_job_id")
+        self._scheduled[event.event_id] = _Scheduled(
+            summary,
+            a.activity_type.name,
+            when,
+            trainer=trainer if isinstance(trainer, str) else None,
+        )
         if a.activity_type.name == "create_trainer":
             self._trainer(self._arg(a.input.payloads).get("trainer_job_id"), when)
         return summary
@@ -287,6 +311,12 @@ class Lifecycle:
         return f"{self._done(a, when, 'timed out')}: {a.failure.message}"
 
     def _on_activity_task_canceled(self, event: Any, a: Any, when: datetime) -> str:
+        s = self._scheduled.get(a.scheduled_event_id)
+        targets = _WAIT_TARGETS.get(s.activity_type, set()) if s else set()
+        state = self._event_states.get(s.trainer or "") if s else None
+        if targets and not self._cancel_requested and state in targets:
+            # The poll lost the race to the platform's event: the wait succeeded.
+            return self._done(a, when, f"answered by the platform's event ({_short_state(state)})")
         return self._done(a, when, "cancelled")
 
     def _on_marker_recorded(self, event: Any, a: Any, when: datetime) -> str:

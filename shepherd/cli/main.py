@@ -197,12 +197,25 @@ def dev(
     """Start the whole embedded stack in the foreground: the Temporal dev server with its Web UI,
     localplane and a worker. Ctrl-C (or SIGTERM) stops all of them."""
     from localplane.plane import ADMIN_KEY_FILE, API_KEY_FILE
-    from shepherd.cli.common import STACK_FILE
-    from workers.devstack import SIGNALS, DevStack, Stopping, run_until_signalled, write_ready
+    from shepherd.cli.common import STACK_FILE, fail
+    from workers.devstack import (
+        SIGNALS,
+        DevStack,
+        StackRunning,
+        Stopping,
+        lock_state_dir,
+        run_until_signalled,
+        write_ready,
+    )
 
+    try:
+        lock = lock_state_dir(state_dir, STACK_FILE)  # noqa: F841 - held while the stack runs
+    except StackRunning as exc:
+        fail(str(exc))
     # Before anything starts: stopped at any moment, the stack stops what it had started.
     SIGNALS.install()
     configure_logging()
+    wrote_stack_file = False
     stack = DevStack(
         state_dir,
         temporal_port=temporal_port,
@@ -235,14 +248,23 @@ def dev(
         )
         write_ready(ready_file, info)
         write_ready(state_dir / STACK_FILE, info)  # the CLI's Web UI links follow this stack
+        wrote_stack_file = True
         why = run_until_signalled(stack.dead)
     except Stopping:
         why = "signal"
+    except (RuntimeError, TimeoutError, OSError) as exc:
+        # A part would not start (a port taken by something else ...): said in one line;
+        # what had started is stopped below.
+        why = f"the stack could not start: {exc}"
     finally:
         SIGNALS.begin_stop()
         typer.echo("stopping the worker, localplane and Temporal ...")
-        (state_dir / STACK_FILE).unlink(missing_ok=True)
+        if wrote_stack_file:
+            (state_dir / STACK_FILE).unlink(missing_ok=True)
         stack.stop()
+    if why.startswith("the stack could not start"):
+        typer.echo(f"error: {why}; see {state_dir / 'logs'}", err=True)
+        raise typer.Exit(1)
     if why != "signal":
         typer.echo(f"{why} exited unexpectedly; see {state_dir / 'logs'}", err=True)
         raise typer.Exit(1)

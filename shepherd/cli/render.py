@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
@@ -22,8 +23,19 @@ from rich.table import Table
 from shepherd.models import JobStatus
 from shepherd.phases import Phase
 
-console = Console(soft_wrap=True)
-err_console = Console(stderr=True, soft_wrap=True)
+#: The width of output that goes to a pipe or a file (which has none): wide enough that
+#: a table is never cut or folded there. Rich would otherwise assume 80 columns.
+PIPE_WIDTH = 10_000
+
+
+def _console(*, stderr: bool = False) -> Console:
+    if Console(stderr=stderr).is_terminal or os.environ.get("COLUMNS"):
+        return Console(stderr=stderr, soft_wrap=True)
+    return Console(stderr=stderr, soft_wrap=True, width=PIPE_WIDTH)
+
+
+console = _console()
+err_console = _console(stderr=True)
 
 
 def as_json(value: Any) -> str:
@@ -70,6 +82,11 @@ def _table_or_records(headers: list[str], rows: list[list[str]], key: int = 0) -
         console.print("    " + " · ".join(rest), highlight=False, markup=False)
 
 
+def steps(n: int) -> str:
+    """``1 step``, ``3 steps``."""
+    return f"{n} step" if n == 1 else f"{n} steps"
+
+
 def _age(status: JobStatus) -> str:
     if not status.started_at or not status.updated_at:
         return "-"
@@ -91,7 +108,12 @@ def show_status(status: JobStatus) -> None:
         ("checkpoints", str(len(status.checkpoints))),
         (
             "recoveries",
-            f"{len(status.recoveries)} (preemptions {status.preemptions}, failures {status.failures})",
+            f"{len(status.recoveries)} (preemptions {status.preemptions}, failures {status.failures}"
+            + (
+                f", platform restarts {status.platform_restarts})"
+                if status.platform_restarts
+                else ")"
+            ),
         ),
         ("model", f"{status.model.name} ({status.model.state})" if status.model else "-"),
         ("elapsed", _age(status)),
@@ -107,7 +129,7 @@ def show_status(status: JobStatus) -> None:
     for r in status.recoveries:
         console.print(
             f"  [dim]recovery {r.number}:[/dim] {r.reason} at step {r.at_step} -> step {r.resumed_from_step} "
-            f"({r.steps_redone} redone, {r.duration_s or 0:.1f}s, {r.action})"
+            f"({steps(r.steps_redone or 0)} redone, {r.duration_s or 0:.1f}s, {r.action})"
         )
 
 

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from shepherd.cli.common import fail, run, shepherd
+from shepherd.cli.common import EXIT_FAILED, fail, run, shepherd
 from shepherd.cli.render import console, print_json
 from shepherd.schedules import OVERLAP, ScheduleInfo, check_name, parse_time
 from shepherd.spec import parse_duration
@@ -158,7 +158,19 @@ def trigger(
     """Start a run now."""
     if overlap is not None and overlap not in OVERLAP:
         fail(f"--overlap {overlap!r}: must be one of {', '.join(OVERLAP)}", 2)
-    run(_then(lambda sh: sh.schedules.trigger(name, overlap), name, "triggered", as_json))
+
+    async def go() -> None:
+        result = await (await shepherd()).schedules.trigger(name, overlap)
+        if as_json:
+            print_json({"schedule": name, "action": "triggered", **result.model_dump()})
+        elif result.outcome == "started":
+            console.print(f"triggered {name}: started {result.workflow_id}", highlight=False)
+        else:
+            console.print(f"triggered {name}: {result.outcome} ({result.detail})", highlight=False)
+        if result.outcome in ("skipped", "dropped"):
+            raise typer.Exit(EXIT_FAILED)
+
+    run(go())
 
 
 @app.command()

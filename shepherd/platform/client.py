@@ -352,8 +352,14 @@ class PlatformClient:
         return Operation.model_validate(body)
 
     async def get_model(self, model_id: str) -> Model:
-        model_id = model_id.rsplit("/", 1)[-1]
-        body = await self._t.request("GET", f"{await self._account_url()}/models/{_q(model_id)}")
+        """A model of this account by id, or any model by its resource name
+        (``accounts/<a>/models/<m>``: a base model, another account's model)."""
+        if m := rules.MODEL_NAME_RE.match(model_id):
+            url = f"{self.base_url}/v1/accounts/{_q(m['account'])}/models/{_q(m['model'])}"
+        else:
+            model_id = model_id.rsplit("/", 1)[-1]
+            url = f"{await self._account_url()}/models/{_q(model_id)}"
+        body = await self._t.request("GET", url)
         return Model.model_validate(body)
 
     async def delete_model(self, model_id: str) -> None:

@@ -133,3 +133,63 @@ def check_accelerator_type(value: str) -> str | None:
     if value not in ACCELERATOR_TYPES:
         return "must be one of " + ", ".join(sorted(ACCELERATOR_TYPES))
     return None
+
+
+# ------------------------------------------------------------------ extraArgs
+#
+# The extraArgs a trainer accepts, with the type and the range of each value. The hosted
+# platform passes extraArgs to its trainer image, which refuses a flag it does not know;
+# a job spec is checked against this set before anything is provisioned, so a typo or an
+# out-of-range value fails at submission, not after the trainer was created (or, for a
+# flag the image would ignore, never). localplane/validation.py's KNOWN_EXTRA_ARGS holds
+# the same set (it should read it from here).
+
+#: name -> (type, smallest, largest)
+EXTRA_ARGS: Final[dict[str, tuple[type[int] | type[float], float, float]]] = {
+    "--seed": (int, 0, 2**63 - 1),
+    # Emulated GPU time per step on localplane's stand-in trainer (PlaneConfig's bound).
+    "--compute-delay-ms": (float, 0, 600_000.0),
+    "--retrieve-hold-seconds": (float, 0, 3600.0),
+    "--seq-gap-timeout-seconds": (float, 0, 3600.0),
+}
+EXTRA_ARGS_RULE: Final = "must be one of " + ", ".join(f"{k}=N" for k in EXTRA_ARGS)
+
+
+def check_extra_arg(arg: str) -> str | None:
+    """Why ``arg`` is not an extraArg the platform accepts (None: it is)."""
+    key, sep, raw = arg.partition("=")
+    if key not in EXTRA_ARGS:
+        return f"{arg[:80]!r} is not an accepted argument: {EXTRA_ARGS_RULE}"
+    kind, low, high = EXTRA_ARGS[key]
+    noun = "an integer" if kind is int else "a number"
+    try:
+        value = kind(raw) if sep else None
+    except ValueError:
+        value = None
+    if value is None:
+        return f"{key} needs {noun} value, as {key}=N"
+    if not low <= value <= high:  # also refuses nan and inf
+        return f"{key} must be in [{low:g}, {high:g}]"
+    return None
+
+
+# ---------------------------------------------------------------- base models
+#
+# A trainer's base model is a model resource of the platform, named as the hosted
+# platform names it: accounts/<account>/models/<model>, both ids lower-case (the model id
+# is a resource id). Whether it exists, and whether this account may train on it, only the
+# platform can say: a job asks it first of all (activities/preflight.py).
+
+TRAINER_BASE_MODEL_RULE: Final = (
+    "must be a model resource name, accounts/<account>/models/<model> "
+    "(lower-case ids, e.g. accounts/fireworks/models/qwen3-8b)"
+)
+
+
+def check_trainer_base_model(value: str) -> str | None:
+    if problem := check_base_model(value):
+        return problem
+    m = MODEL_NAME_RE.match(value)
+    if not m or not ACCOUNT_ID_RE.match(m["account"]) or check_resource_id(m["model"]):
+        return TRAINER_BASE_MODEL_RULE
+    return None

@@ -59,3 +59,19 @@ def test_trainer_lines_read_as_event_and_fields() -> None:
         "Traceback (most recent call last):",
         {},
     )
+
+
+def _lines(name: str) -> list[str]:
+    path = PREEMPTED.parent / name
+    history = WorkflowHistory.from_json("h", path.read_text())
+    lifecycle = Lifecycle(pydantic_data_converter.payload_converter)
+    return [line.text for event in history.events for line in lifecycle.lines(event)]
+
+
+def test_a_wait_the_platforms_event_answered_is_not_called_cancelled() -> None:
+    lines = _lines("test-happy-path-to-a-promoted-model-0.json")
+    waits = [text for text in lines if text.startswith("wait for RUNNING: ")]
+    assert waits and all("answered by the platform's event (RUNNING)" in w for w in waits)
+    # A wait a cancel stopped is still a cancel.
+    cancelled = _lines("test-cancel-while-scheduling-0.json")
+    assert any(text.startswith("wait for RUNNING: cancelled after") for text in cancelled)

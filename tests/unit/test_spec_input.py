@@ -113,9 +113,14 @@ def test_base_model_path_segments_are_checked(base_model: str) -> None:
     assert "trainer.base_model" in _refused(_spec(trainer={"base_model": base_model}))
 
 
-def test_plain_and_resource_base_models_still_pass() -> None:
-    for name in ("accounts/fireworks/models/qwen3-8b", "qwen3-8b", "Qwen/Qwen3-8B"):
+def test_a_base_model_is_a_lower_case_model_resource_name() -> None:
+    # As the platform's trainingConfig.baseModel names it; whether it exists (and may be
+    # used by the account) the job's preflight asks the platform.
+    for name in ("accounts/fireworks/models/qwen3-8b", "accounts/my-team/models/sft-v2"):
         assert validate_spec(_spec(trainer={"base_model": name})).trainer.base_model == name
+    for name in ("qwen3-8b", "Qwen/Qwen3-8B", "accounts/fireworks/models/Qwen3-8B"):
+        rule = _refused(_spec(trainer={"base_model": name}))["trainer.base_model"]
+        assert "accounts/<account>/models/<model>" in rule, name
 
 
 def test_platform_rules_refuse_a_trailing_newline() -> None:

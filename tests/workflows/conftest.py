@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
@@ -25,6 +26,7 @@ from localplane.process import PlaneProcess
 from shepherd import binaries
 from shepherd import search_attributes as sa
 from shepherd.models import JobInput, JobStatus
+from shepherd.preflight import pollers
 from shepherd.spec import JobSpec, validate_spec
 from tests.helpers import Account
 from tests.replay import replay_since
@@ -176,6 +178,15 @@ async def worker_for(
         yield workers[0]
 
 
+async def until_polled(client: Client, task_queue: str, timeout: float = 30.0) -> None:
+    """Until the server lists a poller of ``task_queue`` for workflows and for activities."""
+    kinds = (TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW, TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY)
+    async with asyncio.timeout(timeout):
+        for kind in kinds:
+            while not await pollers(client, task_queue, kind):
+                await asyncio.sleep(0.05)
+
+
 @pytest.fixture
 async def stack(
     client: Client,
@@ -190,6 +201,8 @@ async def stack(
     bridge = EventBridge(client, registry) if events else None
     st = Stack(client, plane, admin, account, task_queue, registry, bridge)
     async with worker_for(client, task_queue, registry):
+        # A submission refuses a queue no worker polls: wait until the server lists ours.
+        await until_polled(client, task_queue)
         bridge_task = asyncio.create_task(bridge.run()) if bridge else None
         try:
             yield st

@@ -120,8 +120,13 @@ async def test_pause_resume_cancel_and_retry(stack: Stack, tmp_path: Path) -> No
         and len(again.stderr.strip().splitlines()) == 1
     )
 
-    resumed = await cli(stack, "resume", workflow_id)
-    assert resumed.returncode == 0 and "resumed" in resumed.stdout
+    # Another job's checkpoint is refused at the command (it would make this job that
+    # one); this job's own is taken by its short name, as retry --from-checkpoint does.
+    foreign = f"accounts/{stack.account.id}/rlorTrainerJobs/someone-else/checkpoints/step-00000010"
+    refused = await cli(stack, "resume", workflow_id, "--checkpoint", foreign)
+    assert refused.returncode == 2 and "is not a checkpoint of" in refused.stderr
+    resumed = await cli(stack, "resume", workflow_id, "--checkpoint", "pause-1")
+    assert resumed.returncode == 0 and "resumed" in resumed.stdout, resumed.stderr
     shown = json.loads((await cli(stack, "status", workflow_id, "--json")).stdout)
     assert f"(generation {shown['generation']})" in resumed.stdout  # the same number
 
@@ -132,6 +137,13 @@ async def test_pause_resume_cancel_and_retry(stack: Stack, tmp_path: Path) -> No
     assert (await cli(stack, "cancel", workflow_id)).returncode == 0
     watched = await cli(stack, "watch", workflow_id)
     assert watched.returncode == 1 and "CANCELLED" in watched.stdout
+    ended = await cli(stack, "pause", workflow_id)
+    assert (
+        ended.returncode == 1 and "had already ended (CANCELLED); nothing to pause" in ended.stderr
+    )
+    other = "accounts/other/rlorTrainerJobs/x/checkpoints/step-00000010"
+    wrong = await cli(stack, "retry", workflow_id, "--from-checkpoint", other)
+    assert wrong.returncode == 2 and "is not a checkpoint of" in wrong.stderr
 
     retried = await cli(
         stack,

@@ -42,7 +42,7 @@ async def test_max_runtime_ends_a_job_stuck_in_the_queue(
     spec = validate_spec(
         {
             "name": "stuck",
-            "trainer": {"base_model": "m"},
+            "trainer": {"base_model": "accounts/fireworks/models/qwen3-8b"},
             "training": {"total_steps": 10},
             "checkpoint": {"every_steps": 5},
             "output": {"promote": "none"},

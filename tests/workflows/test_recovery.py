@@ -141,15 +141,35 @@ async def test_fallback_to_on_demand_after_preemptions(stack: Stack) -> None:
 
 
 async def test_a_bad_dataset_fails_once_with_its_own_words(stack: Stack, tmp_path: Path) -> None:
-    # Bad data is deterministic: no trainer restarts, and the job's error says what is wrong.
+    # Bad data is deterministic: the job's preflight reads it before any trainer exists,
+    # and the job's error says what is wrong.
     data = tmp_path / "broken.jsonl"
     data.write_text('{"text": "fine"}\nthis is not json\n{"text": "also fine"}\n')
+    creates = (await stack.admin.stats())["creates"]
     handle = await stack.start(stack.spec("baddata", training={"dataset": str(data)}))
     with pytest.raises(WorkflowFailureError):
         await handle.result()
     status = await stack.status(handle)
     assert status.phase is Phase.FAILED and status.error is not None
+    assert status.error.type == "InvalidDataset"
+    assert "training.dataset" in status.error.message
     assert "line 2: not JSON" in status.error.message
     assert status.failures == 0 and not status.recoveries
-    job = (await stack.admin.stats())["jobs"][stack.job_name(status.trainer_job_id or "")]
-    assert job["creates"] == 1 and job["trainersStarted"] == 1
+    assert status.trainer_job_id is None
+    assert (await stack.admin.stats())["creates"] == creates
+
+
+async def test_a_platform_restart_is_not_counted_as_a_preemption(stack: Stack) -> None:
+    from localplane.jobs import MSG_RESTARTED
+
+    handle = await stack.start(stack.spec("restarted", trainer=SLOW, training={"total_steps": 20}))
+    mid = await stack.until(handle, lambda s: s.step >= 5 and s.phase is Phase.TRAINING)
+    # What a restarted platform leaves of a trainer that was running (localplane's words).
+    await stack.admin.stop(
+        mid.trainer_job_id or "", JobState.FAILED.value, MSG_RESTARTED, account=stack.account.id
+    )
+    result = await handle.result()
+    assert result.phase is Phase.COMPLETED
+    (recovery,) = result.recoveries
+    assert recovery.reason == "platform_restart"
+    assert result.preemptions == 0 and result.platform_restarts == 1 and result.failures == 0

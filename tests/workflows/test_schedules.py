@@ -9,14 +9,17 @@ from __future__ import annotations
 import asyncio
 import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
+import yaml
 from temporalio.client import WorkflowExecutionStatus
 
 from shepherd import search_attributes as sa
 from shepherd.client import Shepherd
 from shepherd.phases import Phase
 from shepherd.spec import SpecError
+from tests.helpers import run_cli
 from tests.workflows.conftest import Stack
 
 
@@ -125,3 +128,37 @@ async def test_a_broken_template_never_becomes_a_schedule(stack: Stack) -> None:
     assert [p.field for p in refused.value.problems] == ["output.model_id"]
     with pytest.raises(KeyError):
         await sh.schedules.describe(name)
+
+
+async def test_what_a_schedule_refuses_and_what_a_trigger_did(stack: Stack, tmp_path: Path) -> None:
+    sh = Shepherd(stack.client, task_queue=stack.task_queue)
+    name = _name("said")
+    fixed = stack.spec("fixed", output={"model_id": "always-the-same"})
+    with pytest.raises(SpecError) as same:
+        await sh.schedules.create(name, fixed, every=timedelta(hours=1))
+    assert same.value.problems[0].field == "output.model_id"
+    assert "{scheduled_time" in same.value.problems[0].rule
+    slow = stack.spec(
+        "said",
+        trainer={"extra_args": ["--compute-delay-ms=300"]},
+        training={"total_steps": 40},
+        output={"promote": "none"},
+    )
+    with pytest.raises(SpecError, match="not both"):
+        await sh.schedules.create(name, slow, cron=["0 3 * * *"], every=timedelta(hours=1))
+    # A spec file and a single cron string, as from the Python API (an AttributeError once).
+    path = tmp_path / "said.yaml"
+    path.write_text(yaml.safe_dump(slow.model_dump(mode="json", exclude_defaults=True)))
+    info = await sh.schedules.create(name, str(path), cron="0 3 * * *", paused=True)
+    try:
+        assert info.paused
+        first = await sh.schedules.trigger(name)
+        assert first.outcome == "started" and first.workflow_id
+        stack.handles.append(stack.client.get_workflow_handle(first.workflow_id))
+        # The schedule's own policy (skip) drops a trigger while that run is live.
+        second = await sh.schedules.trigger(name)
+        assert second.outcome == "skipped" and first.workflow_id in second.detail, second
+        done = await run_cli("schedule", "trigger", name, stack=stack)
+        assert done.returncode == 1 and "skipped" in done.stdout, done.stdout + done.stderr
+    finally:
+        await sh.schedules.delete(name)

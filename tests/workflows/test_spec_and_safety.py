@@ -180,6 +180,7 @@ async def test_an_unregistered_loop_fails_the_job_and_frees_the_trainer(stack: S
     assert "SHEPHERD_LOOPS" in str(info.value.cause)
     status = await stack.status(handle)
     assert status.phase is Phase.FAILED and status.cleanup == "done"
+    assert status.trainer_job_id is None  # refused by the preflight, before any trainer
 
 
 async def _signals(handle: Any) -> int:

@@ -27,6 +27,8 @@ def _datum(tokenizer: object, text: str) -> types.Datum:
 
 
 class InlineExamples:
+    metrics = ("eval_loss",)
+
     async def step(self, ctx: LoopContext, step: int) -> float:
         tc = ctx.training_client
         futures = []

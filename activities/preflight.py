@@ -1,0 +1,76 @@
+"""The job's first activity: everything about a spec that only a worker can check, before
+any trainer exists (issue 17, "fail before the GPU").
+
+The submitting client validates the spec and asks the task queue's pollers what they
+serve, but it holds no platform key and sees no worker's disk. This activity, on a worker
+of the job's queue, checks the rest: the loop is registered here and reports the tracked
+metric, the dataset is readable here and parses, the base model exists on the backend for
+this account. Every problem is reported at once, each as ``field: rule``; the job then fails
+before it is provisioned.
+"""
+
+from __future__ import annotations
+
+from temporalio import activity
+
+from activities.base import ClientProvider, log, refusal, translate
+from shepherd import datasets, loops
+from shepherd.models import PreflightInput
+from shepherd.platform import NotFound, PermissionDenied, PlatformError, rules
+from workflows import policies
+
+
+class PreflightActivities:
+    def __init__(self, clients: ClientProvider) -> None:
+        self.clients = clients
+
+    @activity.defn(name="preflight")
+    async def preflight(self, inp: PreflightInput) -> None:
+        problems: list[tuple[str, str]] = []  # (error type, "field: rule")
+        if inp.loop is not None:
+            problems += _loop_problems(inp)
+        if inp.dataset is not None and (
+            problem := datasets.check_readable(inp.dataset, inp.validation_split)
+        ):
+            problems.append((policies.INVALID_DATASET, f"training.dataset: {problem}"))
+        if problem := await self._base_model_problem(inp):
+            problems.append((policies.INVALID_BASE_MODEL, f"trainer.base_model: {problem}"))
+        if problems:
+            log().info("job.preflight_refused", problems=[p for _, p in problems])
+            raise refusal("; ".join(p for _, p in problems), problems[0][0])
+
+    async def _base_model_problem(self, inp: PreflightInput) -> str | None:
+        m = rules.MODEL_NAME_RE.match(inp.base_model)
+        if m is None:
+            return None  # not a resource name (the spec refuses those); nothing to ask
+        client = self.clients.client(inp.backend)
+        try:
+            await client.get_model(inp.base_model)
+        except NotFound:
+            return f"{inp.base_model} does not exist on backend {inp.backend!r}"
+        except PermissionDenied:
+            return (
+                f"{inp.base_model} belongs to account {m['account']}, whose models backend "
+                f"{inp.backend!r}'s account may not train on"
+            )
+        except PlatformError as exc:
+            raise translate(exc, "looking the base model up") from None
+        return None
+
+
+def _loop_problems(inp: PreflightInput) -> list[tuple[str, str]]:
+    assert inp.loop is not None
+    try:
+        loop = loops.resolve(inp.loop)
+    except loops.LoopLoadError as exc:
+        return [(policies.LOOP_ERROR, str(exc))]
+    reports = loops.declared_metrics(loop)
+    if inp.metric is not None and reports is not None and inp.metric not in reports:
+        return [
+            (
+                policies.METRIC_MISSING,
+                f"checkpoint.metric: loop {inp.loop!r} reports {', '.join(reports)}, "
+                f"not {inp.metric!r}",
+            )
+        ]
+    return []
