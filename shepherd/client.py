@@ -44,7 +44,14 @@ from shepherd.jobs import (
     plan_job,
     start_job,
 )
-from shepherd.models import CheckpointRecord, JobStatus, PauseRequest, PauseResult, ResumeRequest
+from shepherd.models import (
+    CheckpointRecord,
+    JobStatus,
+    ModelInfo,
+    PauseRequest,
+    PauseResult,
+    ResumeRequest,
+)
 from shepherd.phases import Phase
 from shepherd.preflight import SubmissionRefused
 from shepherd.schedules import Schedules
@@ -144,7 +151,19 @@ def _from_visibility(workflow_id: str, desc: Any, why: BaseException) -> JobStat
     worker polls its task queue, or its history no longer replays)."""
     attrs = desc.typed_search_attributes
     labels = dict(kv.split("=", 1) for kv in (attrs.get(sa.LABELS) or []) if "=" in kv)
-    reason = getattr(why, "message", None) or str(why)
+    reason = (getattr(why, "message", None) or str(why)).splitlines()[0][:300]
+    if "TMPRL1100" in reason or "ondeterminism" in reason:
+        notice = (
+            "live status unavailable: the job's history does not replay against the code "
+            f"the workers run (a bug, or an incompatible version): {reason}; shown from the "
+            "search attributes"
+        )
+    else:
+        notice = (
+            f"no worker answered the status query ({reason}); shown from the search "
+            f"attributes (is a worker polling task queue {desc.task_queue!r}?)"
+        )
+    model = attrs.get(sa.MODEL)
     return JobStatus(
         workflow_id=workflow_id,
         name=attrs.get(sa.JOB_NAME) or "",
@@ -155,10 +174,8 @@ def _from_visibility(workflow_id: str, desc: Any, why: BaseException) -> JobStat
         started_at=desc.start_time,
         updated_at=desc.close_time or desc.start_time,
         cleanup="unknown",
-        notices=[
-            f"no worker answered the status query ({reason}); shown from the search "
-            f"attributes (is a worker polling task queue {desc.task_queue!r}?)"
-        ],
+        model=ModelInfo(name=model, state="READY") if model else None,
+        notices=[notice],
     )
 
 

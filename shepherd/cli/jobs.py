@@ -36,6 +36,7 @@ async def _follow(job: Any, as_json: bool) -> None:
             print(status.model_dump_json())
             final = status
     else:
+        told: set[str] = set()
         if console.is_terminal:
             final = await watch_progress(job.watch())
         else:
@@ -43,6 +44,11 @@ async def _follow(job: Any, as_json: bool) -> None:
             async for status in job.watch():
                 console.print(progress_line(status), soft_wrap=True)
                 final = status
+                for notice in (n for n in status.notices if n not in told):
+                    told.add(notice)
+                    console.print(f"notice: {notice}", soft_wrap=True)
+        for notice in (n for n in final.notices if n not in told):
+            console.print(f"[yellow]notice:[/yellow] {notice}", soft_wrap=True)
         console.print(outcome_line(final))
     if final.phase is not Phase.COMPLETED:
         raise typer.Exit(EXIT_FAILED)

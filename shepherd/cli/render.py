@@ -131,6 +131,8 @@ def show_status(status: JobStatus) -> None:
             f"  [dim]recovery {r.number}:[/dim] {r.reason} at step {r.at_step} -> step {r.resumed_from_step} "
             f"({steps(r.steps_redone or 0)} redone, {r.duration_s or 0:.1f}s, {r.action})"
         )
+    for notice in status.notices:
+        console.print(f"  [yellow]notice:[/yellow] {notice}", soft_wrap=True)
 
 
 def outcome_line(status: JobStatus) -> str:

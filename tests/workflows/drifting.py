@@ -28,3 +28,18 @@ class DriftingV2:
         workflow.upsert_memo({"v": 2})
         await workflow.sleep(timedelta(milliseconds=10))
         return "v2"
+
+
+@workflow.defn(name="TrainingJob")
+class IncompatibleTrainingJob:
+    """Another version of the job workflow that cannot replay the real one's histories (as
+    an old or broken worker would run): what ``status`` must survive."""
+
+    @workflow.run
+    async def run(self, inp: dict) -> str:  # type: ignore[type-arg]
+        await workflow.sleep(timedelta(hours=1))
+        return "never"
+
+    @workflow.query(name="status")
+    def status(self) -> dict:  # type: ignore[type-arg]
+        return {}
