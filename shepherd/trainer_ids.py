@@ -21,7 +21,9 @@ from shepherd.platform import rules
 
 #: Separates the owner from the run digest; never produced by the older scheme.
 OWNER_SEPARATOR: Final = "--"
-_OWNED = re.compile(r"\A(?P<owner>[a-z0-9-]+)--[0-9a-f]{4}-g[0-9]+\Z")
+_OWNED = re.compile(r"\A(?P<owner>[a-z0-9-]+)--(?P<run>[0-9a-f]{4})-g[0-9]+\Z")
+#: Any trainer id Shepherd makes ends in its generation.
+_GENERATION = re.compile(r"-g[0-9]+\Z")
 
 
 def trainer_prefix(name: str, workflow_id: str, run_id: str, *, owner_in_id: bool = True) -> str:
@@ -38,3 +40,16 @@ def owner_of(trainer_job_id: str) -> str | None:
     """The workflow id a trainer id carries, or None (then ask visibility)."""
     m = _OWNED.match(trainer_job_id)
     return m["owner"] if m else None
+
+
+def made_by_run(trainer_job_id: str, workflow_id: str, run_id: str) -> bool:
+    """Whether the trainer id is one that run ``run_id`` of ``workflow_id`` makes."""
+    m = _OWNED.match(trainer_job_id)
+    digest = hashlib.sha256(f"{workflow_id}/{run_id}".encode()).hexdigest()
+    return bool(m and m["owner"] == workflow_id and m["run"] == digest[:4])
+
+
+def prefix_of(trainer_job_id: str) -> str | None:
+    """What every generation of the trainer's job shares (its id without ``-g<n>``)."""
+    m = _GENERATION.search(trainer_job_id)
+    return trainer_job_id[: m.start()] if m else None

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from shepherd import reaper
 from shepherd.jobs import start_job
 from shepherd.phases import Phase
 from shepherd.spec import validate_spec
@@ -103,6 +104,9 @@ async def test_dev_brings_everything_up_runs_a_job_and_stops_cleanly(tmp_path: P
         assert result.phase is Phase.COMPLETED and result.model is not None
         # The stack's own server: its workflows replay as the session's do (tests/replay.py).
         assert await replay_since(client, since, "dev stack") >= 1
+        # The stack runs the reaper (terminated jobs' trainers are deleted, README).
+        reaper_state = await reaper.state(client)
+        assert reaper_state.installed and reaper_state.task_queue == info["task_queue"]
 
         # The CLI in another shell links to this stack's Web UI port, not the default one.
         link = await asyncio.to_thread(

@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ import httpx
 
 from localplane.plane import API_KEY_FILE
 from localplane.process import PlaneProcess
-from shepherd import binaries, search_attributes
+from shepherd import binaries, reaper, search_attributes
 from shepherd.temporal import TemporalSettings, connect, ensure_search_attributes
 
 START_TIMEOUT_S = 60.0
@@ -288,6 +289,12 @@ class WorkerProcess:
         return stop_process(self.proc)
 
 
+#: A dev stack has few slots: a terminated job's trainer should give its slot back within
+#: minutes, and nothing else deletes trainers there.
+DEV_REAPER_PERIOD = timedelta(minutes=1)
+DEV_REAPER_GRACE = timedelta(minutes=2)
+
+
 @dataclass
 class DevStack:
     state_dir: Path
@@ -328,10 +335,20 @@ class DevStack:
                 task_queue=self.task_queue,
             )
             self.worker.start()
+            asyncio.run(self._install_reaper())
         except BaseException:
             self.stop()
             raise
         return self
+
+    async def _install_reaper(self) -> None:
+        """The reaper's Schedule, at a dev stack's pace (README, "Running in production"
+        for a cluster's)."""
+        assert self.temporal is not None
+        client = await connect(TemporalSettings(address=self.temporal.address))
+        await reaper.install(
+            client, self.task_queue, every=DEV_REAPER_PERIOD, grace=DEV_REAPER_GRACE
+        )
 
     def info(self) -> dict[str, Any]:
         assert self.temporal and self.plane and self.worker and self.worker.proc

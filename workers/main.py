@@ -29,6 +29,7 @@ from activities.preflight import PreflightActivities
 from activities.promotion import PromotionActivities
 from activities.provisioning import ProvisioningActivities
 from activities.readiness import ReadinessActivities
+from activities.reaper import ReaperActivities
 from activities.recovery import RecoveryActivities
 from activities.sweeps import SweepActivities
 from activities.training import TrainingActivities
@@ -40,11 +41,12 @@ from workers.config import BackendProfile, BackendRegistry, profiles_from_env
 from workers.events import EventBridge
 from workflows import policies
 from workflows.job import TrainingJobWorkflow
+from workflows.reaper import ReaperWorkflow
 from workflows.sweep import SweepWorkflow
 
 log = structlog.stdlib.get_logger("shepherd.worker")
 
-WORKFLOWS: list[type] = [TrainingJobWorkflow, SweepWorkflow]
+WORKFLOWS: list[type] = [TrainingJobWorkflow, SweepWorkflow, ReaperWorkflow]
 
 
 def activities_for(registry: BackendRegistry) -> list[Callable[..., Any]]:
@@ -59,6 +61,7 @@ def activities_for(registry: BackendRegistry) -> list[Callable[..., Any]]:
         PromotionActivities(registry),
         SweepActivities(),
         ClaimActivities(),  # uses the worker's Temporal client
+        ReaperActivities(registry),  # and this one too, for visibility
     ]
     found = []
     for group in groups:

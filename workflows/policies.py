@@ -18,6 +18,7 @@ from typing import Any
 
 from temporalio.common import RetryPolicy
 
+from shepherd.reaper import REAPER_GRACE, REAPER_PERIOD  # noqa: F401 - declared there
 from shepherd.spec import PoliciesSpec
 
 # --------------------------------------------------------------------- error types
@@ -255,6 +256,19 @@ _CHUNK_RETRY = RetryPolicy(
     maximum_interval=timedelta(seconds=30),
     maximum_attempts=13,
     non_retryable_error_types=PERMANENT,
+)
+
+
+# ------------------------------------------------------------------------ the reaper
+# Trainers whose job workflow ended without its cleanup (terminated, reset, a bug): the
+# reaper (shepherd/reaper.py) deletes them.
+
+#: REAPER_PERIOD (how often it runs) and REAPER_GRACE (how long a job must have been over)
+#: are declared beside the reaper's input, which the CLI reads without the workflows.
+#: One pass over every backend: listing and deleting are idempotent, so a retry is safe; the
+#: heartbeat (every page) notices a dead worker.
+REAP = ActivityPolicy(
+    start_to_close=timedelta(minutes=10), heartbeat=timedelta(seconds=30), retry=_TRANSIENT
 )
 
 

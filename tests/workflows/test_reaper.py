@@ -1,0 +1,74 @@
+"""The reaper: a job terminated from outside (no cleanup ran) has its trainer deleted
+within one period of the reaper's Schedule; a live job's trainer, and trainers Shepherd did
+not create (one whose id merely looks like Shepherd's among them), are never touched; a
+dry run only reports; ``shepherd reaper status`` shows what was deleted."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import timedelta
+
+from temporalio.client import WorkflowExecutionStatus
+
+from shepherd import reaper
+from shepherd.phases import Phase
+from shepherd.reaper import ReaperInput, ReaperReport
+from shepherd.states import JobState
+from tests.helpers import job_request, run_cli, wait_state
+from tests.workflows.conftest import Stack
+
+SLOW = {"extra_args": ["--compute-delay-ms=100"]}
+
+
+async def test_a_terminated_jobs_trainer_is_reaped_and_nothing_else(stack: Stack) -> None:
+    terminated = await stack.start(stack.spec("gone", trainer=SLOW, training={"total_steps": 400}))
+    live = await stack.start(stack.spec("alive", trainer=SLOW, training={"total_steps": 400}))
+    orphan = (await stack.until(terminated, lambda s: s.phase is Phase.TRAINING)).trainer_job_id
+    kept = (await stack.until(live, lambda s: s.phase is Phase.TRAINING)).trainer_job_id
+    assert orphan and kept
+    # Trainers Shepherd did not create: a plain id, and one shaped like Shepherd's whose
+    # "workflow" exists but never made it.
+    await stack.account.client.create_job("manual-trainer-1", job_request())
+    lookalike = f"{live.id}--beef-g0"
+    await stack.account.client.create_job(lookalike, job_request())
+
+    await terminated.terminate("an operator's terminate")  # no cleanup runs
+    assert (await terminated.describe()).status is WorkflowExecutionStatus.TERMINATED
+    await wait_state(stack.account.client, orphan, JobState.RUNNING)  # it still holds GPUs
+
+    # A dry run names it and deletes nothing.
+    dry: ReaperReport = await stack.client.execute_workflow(
+        reaper.WORKFLOW_TYPE,
+        ReaperInput(grace=timedelta(0), dry_run=True),
+        id=f"reaper-dry-{terminated.id}",
+        task_queue=stack.task_queue,
+        result_type=ReaperReport,
+    )
+    assert [t.trainer_job_id for t in dry.would_delete] == [orphan] and dry.deleted == []
+    assert dry.would_delete[0].workflow_id == terminated.id
+    assert "TERMINATED" in dry.would_delete[0].reason
+    assert dry.kept_live == 1 and dry.kept_foreign == 2
+    assert (await stack.account.client.get_job(orphan)).state is JobState.RUNNING
+
+    # The Schedule: its next pass deletes it.
+    period = timedelta(seconds=2)
+    await reaper.install(stack.client, stack.task_queue, every=period, grace=timedelta(0))
+    try:
+        await wait_state(
+            stack.account.client, orphan, JobState.DELETED, timeout=period.total_seconds() + 15
+        )
+        shown = await run_cli("reaper", "status", "--json", stack=stack)
+        assert shown.returncode == 0, shown.stderr
+        passes = [report for _, report in json.loads(shown.stdout)["recent"] if report]
+        deleted = [t["trainer_job_id"] for report in passes for t in report["deleted"]]
+        assert deleted == [orphan]
+        text = await run_cli("reaper", "status", stack=stack)
+        assert orphan in text.stdout and "TERMINATED" in text.stdout
+    finally:
+        await stack.client.get_schedule_handle(reaper.SCHEDULE_ID).delete()
+    await asyncio.sleep(0.5)
+    for survivor in (kept, "manual-trainer-1", lookalike):
+        job = await stack.account.client.get_job(survivor)
+        assert job.state is JobState.RUNNING, (survivor, job.state)
+    assert (await stack.admin.job_stats(stack.job_name(orphan)))["creates"] == 1
