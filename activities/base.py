@@ -31,6 +31,7 @@ from shepherd.platform import (
     PlatformClient,
     PlatformError,
     RouteNotFound,
+    TrainerClient,
     Unauthenticated,
 )
 from shepherd.platform.models import TrainerJob
@@ -194,9 +195,17 @@ class RouteWait:
     Shared by the warm-up probes and by opening the model, which runs beside them: a route
     404 means the request never reached the trainer, so re-sending it is safe."""
 
-    def __init__(self, client: PlatformClient, trainer_job_id: str) -> None:
+    def __init__(
+        self,
+        client: PlatformClient,
+        trainer_job_id: str,
+        progress: dict[str, Any] | None = None,
+    ) -> None:
         self.client = client
         self.trainer_job_id = trainer_job_id
+        #: The attempt's heartbeat details: each 404 adds to its ``route_races`` and
+        #: heartbeats it whole (other keys, e.g. an opened model, kept).
+        self.progress = progress if progress is not None else {}
         self.races = 0
         self._verified_until = 0.0
         self._end = time.monotonic() + policies.WARMUP_ATTEMPT_BUDGET.total_seconds()
@@ -216,7 +225,8 @@ class RouteWait:
                 f"route to {self.trainer_job_id} not on every gateway replica yet "
                 f"({self.races} route 404s in this attempt)"
             )
-        heartbeat({"route_races": self.races})
+        self.progress["route_races"] = int(self.progress.get("route_races", 0)) + 1
+        heartbeat(dict(self.progress))
         await asyncio.sleep(policies.WARMUP_PROBE_SPACING.total_seconds())
 
     async def call(self, request: Callable[[], Awaitable[T]]) -> T:
@@ -226,6 +236,23 @@ class RouteWait:
                 return await request()
             except RouteNotFound:
                 await self.seen_404()
+
+
+async def warm_route(trainer: TrainerClient, route: RouteWait, probes: int) -> None:
+    """``probes`` consecutive successful ``healthz`` calls over the training route: a route
+    404 (verified, the race) starts the count again; anything else surfaces at once."""
+    consecutive = 0
+    while consecutive < probes:
+        try:
+            await trainer.healthz()
+            consecutive += 1
+        except RouteNotFound:
+            consecutive = 0
+            await route.seen_404()
+        except PlatformError as exc:
+            raise ApplicationError(
+                f"warm-up probe failed: {exc}", type=type(exc).__name__, non_retryable=True
+            ) from None
 
 
 #: A route 404 on a one-shot data-plane call (open the model, save, evaluate) is verified

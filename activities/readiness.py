@@ -8,19 +8,18 @@ import random
 from datetime import timedelta
 
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
 
 from activities.base import (
     ClientProvider,
     RouteWait,
-    keepalive,
     lost,
     not_ready,
     snapshot,
     translate,
+    warm_route,
 )
 from shepherd.models import PlatformJob, TrainerRef, WarmUpInput, WarmUpResult
-from shepherd.platform import PlatformError, RouteNotFound
+from shepherd.platform import PlatformError
 from shepherd.states import JobState
 from workflows import policies
 
@@ -104,17 +103,5 @@ class ReadinessActivities:
         client = self.clients.client(inp.backend)
         trainer = await client.trainer(inp.trainer_job_id)
         route = RouteWait(client, inp.trainer_job_id)
-        consecutive = 0
-        async with keepalive({}, policies.KEEPALIVE):  # a dead worker is noticed in time
-            while consecutive < inp.probes:
-                try:
-                    await trainer.healthz()
-                    consecutive += 1
-                except RouteNotFound:
-                    consecutive = 0
-                    await route.seen_404()
-                except PlatformError as exc:
-                    raise ApplicationError(
-                        f"warm-up probe failed: {exc}", type=type(exc).__name__, non_retryable=True
-                    ) from None
+        await warm_route(trainer, route, inp.probes)
         return WarmUpResult(probes=inp.probes, route_races=route.races)

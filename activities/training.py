@@ -28,6 +28,7 @@ from activities.base import (
     previous_details,
     translate,
     verified_404,
+    warm_route,
 )
 from shepherd import loops
 from shepherd.models import (
@@ -121,60 +122,76 @@ class TrainingActivities:
     @activity.defn(name="open_model")
     async def open_model(self, inp: OpenModelInput) -> OpenModelResult:
         """A session and a model on the (freshly started) trainer: created from
-        ``checkpoint`` (weights and optimizer state) when given, else a new model."""
+        ``checkpoint`` (weights and optimizer state) when given, else a new model; then, in
+        current runs, ``warm_up_probes`` consecutive probes over the route training takes.
+
+        A retried attempt goes on from its heartbeat: the model an earlier attempt opened
+        is used again (opening another would leave that one behind on the trainer)."""
         client = self.clients.client(inp.backend)
         trainer = await client.trainer(inp.trainer_job_id)
-        races = int(previous_details().get("route_races", 0))
+        before = previous_details()
+        races = int(before.get("route_races", 0))
         step = await checkpoint_step(client, inp.checkpoint) if inp.checkpoint else 0
-        progress = {"route_races": races}
-        # Runs beside the warm-up probes, so the route may not be everywhere yet: a verified
-        # route 404 sends the same request again (it never reached the trainer).
-        route = RouteWait(client, inp.trainer_job_id)
+        progress: dict[str, Any] = {"route_races": races}
+        # Right after RUNNING the route may not be everywhere yet: a verified route 404
+        # sends the same request again (it never reached the trainer).
+        route = RouteWait(client, inp.trainer_job_id, progress)
         try:
             async with keepalive(progress, policies.KEEPALIVE):
-                session_id = await route.call(
-                    lambda: trainer.create_session(
-                        tags=["shepherd"],
-                        user_metadata={"workflow_id": activity.info().workflow_id},
-                    )
-                )
-                if inp.checkpoint:
-                    loaded = await trainer.load_into_new_model(
-                        session_id,
-                        1,
-                        load_path(inp.checkpoint, inp.trainer_job_id),
-                        optimizer=True,
-                        timeout=inp.call_timeout_s,
-                        via=route.call,
-                    )
-                    model_id = str(loaded.get("model_id") or f"{session_id}:train:1")
+                opened = before.get("session")
+                if isinstance(opened, dict):
+                    session = TrainerSession.model_validate(opened)
                 else:
-                    model_id = await trainer.create_model(
-                        session_id,
-                        1,
-                        inp.base_model,
-                        inp.lora_rank,
-                        seed=inp.seed,
-                        timeout=inp.call_timeout_s,
-                        via=route.call,
-                    )
-                info = await route.call(lambda: trainer.get_info(model_id))
+                    session = await self._open(trainer, route, inp)
+                progress["session"] = session.model_dump()
+                info = await route.call(lambda: trainer.get_info(session.model_id))
+                if inp.warm_up_probes:
+                    # After the model's calls: consecutive probes prove every replica.
+                    await warm_route(trainer, route, inp.warm_up_probes)
         except PlatformError as exc:
             raise translate(exc, "opening the model") from None
         log(trainer_job_id=inp.trainer_job_id).info(
-            "model.opened", model_id=model_id, step=step, checkpoint=inp.checkpoint
+            "model.opened", model_id=session.model_id, step=step, checkpoint=inp.checkpoint
         )
+        session.tokenizer_id = info.model_data.tokenizer_id or info.model_data.model_name
         return OpenModelResult(
-            session=TrainerSession(
-                session_id=session_id,
-                model_id=model_id,
-                next_seq=1,
-                tokenizer_id=info.model_data.tokenizer_id or info.model_data.model_name,
-            ),
+            session=session,
             step=step,
             weights_digest=info.weights_digest,
-            route_races=route.races,
+            route_races=races + route.races,
         )
+
+    @staticmethod
+    async def _open(
+        trainer: TrainerClient, route: RouteWait, inp: OpenModelInput
+    ) -> TrainerSession:
+        session_id = await route.call(
+            lambda: trainer.create_session(
+                tags=["shepherd"],
+                user_metadata={"workflow_id": activity.info().workflow_id},
+            )
+        )
+        if inp.checkpoint:
+            loaded = await trainer.load_into_new_model(
+                session_id,
+                1,
+                load_path(inp.checkpoint, inp.trainer_job_id),
+                optimizer=True,
+                timeout=inp.call_timeout_s,
+                via=route.call,
+            )
+            model_id = str(loaded.get("model_id") or f"{session_id}:train:1")
+        else:
+            model_id = await trainer.create_model(
+                session_id,
+                1,
+                inp.base_model,
+                inp.lora_rank,
+                seed=inp.seed,
+                timeout=inp.call_timeout_s,
+                via=route.call,
+            )
+        return TrainerSession(session_id=session_id, model_id=model_id, next_seq=1)
 
     @activity.defn(name="train_chunk")
     async def train_chunk(self, inp: TrainChunkInput) -> ChunkResult:

@@ -96,6 +96,9 @@ class OpenModelInput(Model):
     #: A checkpoint resource name to create the model from (weights and optimizer state).
     checkpoint: str | None = None
     call_timeout_s: float
+    #: Then this many consecutive warm-up probes over the route (current runs warm up in
+    #: the same activity; 0: legacy runs, which warmed up in one of its own).
+    warm_up_probes: int = 0
 
 
 class CheckCheckpointInput(Model):

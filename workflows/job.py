@@ -57,6 +57,7 @@ with workflow.unsafe.imports_passed_through():
         LoopSettings,
         ModelInfo,
         OpenModelInput,
+        OpenModelResult,
         PauseRequest,
         PauseResult,
         PlatformEvent,
@@ -476,7 +477,45 @@ class TrainingJobWorkflow:
         )
         self._set_phase(Phase.PREPARING)
         self._session = None  # a (re)started trainer holds no model
-        # Coroutine functions, not coroutines: which runs first depends on the patch below.
+        t = self.spec.trainer
+        model = OpenModelInput(
+            backend=self.spec.backend,
+            trainer_job_id=self._ref().trainer_job_id,
+            base_model=t.base_model,
+            lora_rank=t.lora_rank,
+            seed=self.spec.training.seed,
+            checkpoint=self._to_load,
+            call_timeout_s=self._call_timeout_s(),
+        )
+        opening = (
+            f"load {self._to_load.rsplit('/', 1)[-1]}" if self._to_load else "create the model"
+        )
+        if self._current:
+            # One activity: open the model (it needs no warm route: it re-sends a request
+            # after a route 404, so it runs while the route propagates), then the warm-up
+            # probes (after its calls, so consecutive probes prove every replica).
+            model.warm_up_probes = self.pol.warmup_probes
+            opened = await self._act(
+                TrainingActivities.open_model,
+                model,
+                self.pol.open_model,
+                f"{opening}, warm up the route ({self.pol.warmup_probes} probes)",
+                timeout_type="WarmUpTimeout",
+            )
+            self.s.route_races += opened.route_races
+        else:
+            opened = await self._legacy_open_and_warm_up(model, opening)
+        self._session = opened.session
+        self._serving = True
+        self.s.step = opened.step
+        self._to_load = None
+        self._publish()
+
+    async def _legacy_open_and_warm_up(
+        self, model: OpenModelInput, opening: str
+    ) -> OpenModelResult:
+        """Legacy runs: the model and the warm-up as two local activities, in the order the
+        run's patch says."""
         warm_up = functools.partial(
             self._act,
             ReadinessActivities.warm_up,
@@ -489,37 +528,17 @@ class TrainingJobWorkflow:
             f"warm up the route ({self.pol.warmup_probes} probes)",
             timeout_type="WarmUpTimeout",
         )
-        t = self.spec.trainer
         open_model = functools.partial(
-            self._act,
-            TrainingActivities.open_model,
-            OpenModelInput(
-                backend=self.spec.backend,
-                trainer_job_id=self._ref().trainer_job_id,
-                base_model=t.base_model,
-                lora_rank=t.lora_rank,
-                seed=self.spec.training.seed,
-                checkpoint=self._to_load,
-                call_timeout_s=self._call_timeout_s(),
-            ),
-            self.pol.open_model,
-            f"load {self._to_load.rsplit('/', 1)[-1]}" if self._to_load else "create the model",
+            self._act, TrainingActivities.open_model, model, self.pol.open_model, opening
         )
         if await self._patched("open-model-before-warm-up"):
-            # Opening the model needs no warm route (it re-sends a request after a route
-            # 404), so it runs while the route propagates. The probes come after it: with
-            # its requests in between, consecutive probes would not prove every replica.
             opened = await open_model()
             warm = await warm_up()
         else:
             warm = await warm_up()
             opened = await open_model()
         self.s.route_races += warm.route_races + opened.route_races
-        self._session = opened.session
-        self._serving = True
-        self.s.step = opened.step
-        self._to_load = None
-        self._publish()
+        return opened
 
     def _call_timeout_s(self) -> float:
         return self.pol.step_timeout.total_seconds()

@@ -247,6 +247,17 @@ _TRANSIENT = RetryPolicy(
 )
 
 
+# After a route 404 outlasted one attempt's probing (WARMUP_ATTEMPT_BUDGET), the gateway
+# is slow rather than racing: back off in seconds, until the warm-up timeout.
+_WARM_UP_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=1.5,
+    maximum_interval=timedelta(seconds=5),
+    maximum_attempts=0,
+    non_retryable_error_types=PERMANENT,
+)
+
+
 # A chunk's first retry follows quickly: the usual cause is a dead worker (noticed by the
 # heartbeat timeout), and the trainer is idle until the chunk runs again. Same total budget
 # as _TRANSIENT (~2.5 min over 12 retries) for a platform blip.
@@ -338,18 +349,12 @@ class Policies:
             wait_resumable=_poll(min(p.poll_interval, timedelta(seconds=2)), p.ready_timeout),
             # One attempt is at most WARMUP_ATTEMPT_BUDGET of probes (each bounded by the
             # client's request timeout); its keepalive notices a dead worker.
+            # Legacy runs only (current runs warm up inside open_model).
             warm_up=ActivityPolicy(
-                local=legacy,
+                local=True,
                 start_to_close=timedelta(seconds=45),
-                heartbeat=None if legacy else p.heartbeat_timeout,
                 schedule_to_close=p.warmup_timeout,
-                retry=RetryPolicy(
-                    initial_interval=timedelta(seconds=1),
-                    backoff_coefficient=1.5,
-                    maximum_interval=timedelta(seconds=5),
-                    maximum_attempts=0,
-                    non_retryable_error_types=PERMANENT,
-                ),
+                retry=_WARM_UP_RETRY,
             ),
             train_chunk=ActivityPolicy(
                 # A chunk may legitimately take chunk_steps step-timeouts; the heartbeat,
@@ -359,11 +364,18 @@ class Policies:
                 retry=_CHUNK_RETRY,
             ),
             data_plane_call=data_plane,
-            # A few short calls, or a load that may take minutes on a real trainer: like
-            # any data-plane call.
+            # Open the model (a few short calls, or a load that may take minutes on a real
+            # trainer), then the warm-up probes, in one activity: a round trip less between
+            # RUNNING and the first training step. Retried as warm-up is (a route not yet
+            # everywhere is the usual cause), within the warm-up timeout plus one load.
             open_model=dataclasses.replace(data_plane, local=True, heartbeat=None)
             if legacy
-            else data_plane,
+            else ActivityPolicy(
+                start_to_close=p.step_timeout + timedelta(minutes=1),
+                heartbeat=p.heartbeat_timeout,
+                schedule_to_close=p.warmup_timeout + p.step_timeout + timedelta(minutes=1),
+                retry=_WARM_UP_RETRY,
+            ),
             resume_trainer=ActivityPolicy(start_to_close=timedelta(seconds=45), retry=_TRANSIENT),
             promote=ActivityPolicy(start_to_close=timedelta(minutes=2), retry=_TRANSIENT),
             wait_model=_poll(timedelta(seconds=2), timedelta(hours=1)),
