@@ -30,7 +30,7 @@ from localplane.errors import AlreadyExists, FailedPrecondition, NotFound
 from localplane.events import EventBus
 from localplane.gateway import Gateway
 from localplane.storage import JobRecord, Storage
-from localplane.trainer.core import TrainerConfig
+from localplane.trainer.config import TrainerConfig
 from localplane.trainer.server import EXIT_IDLE, READY_PREFIX
 from localplane.validation import ValidCreate
 from shepherd.platform import rules

@@ -117,7 +117,7 @@ class PromotionService:
             )
         if not meta.promotable:
             raise FailedPrecondition(
-                f"checkpoint {meta.name} is not promotable ({meta.checkpoint_type}): it holds "
+                f"checkpoint {meta.resource_name} is not promotable ({meta.checkpoint_type}): it holds "
                 "training state; promote a checkpoint saved with save_weights_for_sampler"
             )
         if req.base_model and req.base_model != meta.base_model:
@@ -130,7 +130,7 @@ class PromotionService:
             "state": "UPLOADING",
             "kind": "HF_PEFT_ADDON" if meta.lora_rank else "HF_BASE_MODEL",
             "baseModel": meta.base_model,
-            "checkpoint": meta.name,
+            "checkpoint": meta.resource_name,
             "createTime": now_rfc3339(),
             "stepCount": meta.step,
             "weightsDigest": meta.digest,
@@ -145,7 +145,7 @@ class PromotionService:
             raise AlreadyExists(f"model accounts/{account}/models/{model_id} already exists")
         op_id = f"promote-{secrets.token_hex(6)}"
         self.storage.insert_operation(
-            account, op_id, model_id, {"checkpoint": meta.name}, model["createTime"]
+            account, op_id, model_id, {"checkpoint": meta.resource_name}, model["createTime"]
         )
         delay = self._config().promotion_seconds if req.async_promotion else 0.0
         if delay > 0:
