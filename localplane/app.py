@@ -22,17 +22,19 @@ from pydantic import ValidationError
 from sse_starlette import EventSourceResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from localplane import catalog
+from localplane import catalog, limits
 from localplane import checkpoints as ckpt
 from localplane import logs as trainer_logs
 from localplane.errors import (
     InvalidArgument,
     NotFound,
+    PayloadTooLarge,
     PermissionDenied,
     PlaneError,
     describe_validation_error,
     error_response,
     install_error_handlers,
+    shorten,
 )
 from localplane.events import EVENT_TYPE
 from localplane.plane import Plane, Principal
@@ -89,7 +91,7 @@ def _page_size(request: Request) -> int:
     try:
         size = int(raw)
     except ValueError:
-        raise InvalidArgument(f"pageSize: {raw!r} must be an integer") from None
+        raise InvalidArgument(f"pageSize: {shorten(raw)!r} must be an integer") from None
     if size < 0:
         raise InvalidArgument("pageSize: must be >= 0")
     return min(size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
@@ -145,6 +147,55 @@ def paginate(request: Request, items: list[Any]) -> tuple[list[Any], str]:
     size, offset = _page_size(request), _offset(request)
     page = items[offset : offset + size]
     return page, _token(offset + size) if offset + size < len(items) else ""
+
+
+# ------------------------------------------------------------------------ body limits
+
+
+def body_limit(path: str) -> int:
+    """The largest request body a path takes (localplane/limits.py says why)."""
+    if path.startswith("/training/"):
+        return limits.DATA_PLANE_MAX_BODY_BYTES
+    if path.startswith(("/inference/", "/hot_load/")):
+        return limits.INFERENCE_MAX_BODY_BYTES
+    return limits.CONTROL_PLANE_MAX_BODY_BYTES
+
+
+class BodyLimit:
+    """413 for a body over its path's limit, before it is parsed: at once from its
+    Content-Length, or as soon as a body without one streams past the limit (the app's
+    read raises, its error handler answers)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = body_limit(scope["path"])
+        declared = dict(scope.get("headers") or []).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > limit:
+            await error_response(
+                413,
+                "INVALID_ARGUMENT",
+                f"request body of {int(declared)} bytes exceeds this endpoint's limit of {limit} bytes",
+            )(scope, receive, send)
+            return
+        received = 0
+
+        async def limited() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise PayloadTooLarge(
+                        f"request body exceeds this endpoint's limit of {limit} bytes"
+                    )
+            return message
+
+        await self.app(scope, limited, send)
 
 
 # ------------------------------------------------------------------------------ faults
@@ -209,6 +260,8 @@ def create_app(plane: Plane) -> FastAPI:
     app.state.plane = plane
     install_error_handlers(app)
     app.add_middleware(ControlPlaneFaults, plane=lambda: plane)
+    # Outermost: a body over the limit is refused before anything else looks at it.
+    app.add_middleware(BodyLimit)
 
     async def principal(request: Request) -> Principal:
         return plane.authenticate(request.headers)
@@ -279,7 +332,7 @@ def create_app(plane: Plane) -> FastAPI:
                 raise ValueError
         except ValueError:
             raise InvalidArgument(
-                f"Last-Event-ID: {raw!r} must be an event id (an integer >= 0)"
+                f"Last-Event-ID: {shorten(raw)!r} must be an event id (an integer >= 0)"
             ) from None
         job = request.query_params.get("rlorTrainerJobId") or None
 
@@ -458,7 +511,7 @@ def create_app(plane: Plane) -> FastAPI:
             raise InvalidArgument("state: is required, e.g. JOB_STATE_CANCELLED")
         state = JobState(body["state"])
         if state is JobState.UNSPECIFIED:
-            raise InvalidArgument(f"state: {body['state']!r} is not a job state")
+            raise InvalidArgument(f"state: {shorten(body['state'])!r} is not a job state")
         message = optional_str(body, "message") or ""
         return plane.jobs.stop_as(_admin_job(j, request), state, message)
 

@@ -165,9 +165,18 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         status = _HTTP_STATUS.get(exc.status_code, "UNKNOWN")
         if exc.status_code == 404:
-            message = f"no such endpoint: {request.method} {request.url.path}"
+            # A path nothing serves: not a 404, which clients read as "that resource does not
+            # exist" (or, on the data plane, as the route race): see UnknownEndpoint.
+            unknown = UnknownEndpoint(
+                f"no such endpoint: {request.method} {shorten(request.url.path)} "
+                "(trainer-api.md lists what localplane serves)"
+            )
+            return JSONResponse(unknown.body(), status_code=unknown.code)
         elif exc.status_code == 405:
-            message = f"method {request.method} is not allowed on {request.url.path}"
+            message = f"method {request.method} is not allowed on {shorten(request.url.path)}"
         else:
             message = str(exc.detail)
-        return error_response(exc.status_code, status, message)
+        response = error_response(exc.status_code, status, message)
+        for name, value in (exc.headers or {}).items():
+            response.headers[name] = value  # e.g. Allow on a 405
+        return response

@@ -25,6 +25,7 @@ from localplane.errors import (
     InvalidArgument,
     NotFound,
     describe_validation_error,
+    shorten,
 )
 from localplane.jobs import now_rfc3339
 from localplane.storage import Storage
@@ -84,12 +85,12 @@ class PromotionService:
             problems.append("output_model: is required, as accounts/<account>/models/<model>")
         elif not m:
             problems.append(
-                f"output_model: {req.output_model!r} must be accounts/<account>/models/<model>"
+                f"output_model: {shorten(req.output_model)!r} must be accounts/<account>/models/<model>"
             )
         elif m["account"] != account:
             problems.append(f"output_model: must be a model of account {account}")
         elif p := rules.check_resource_id(m["model"]):
-            problems.append(f"output_model: model id {m['model']!r} {p}")
+            problems.append(f"output_model: model id {shorten(m['model'])!r} {p}")
         else:
             model_id = m["model"]
         job_id = req.trainer_job_id
@@ -103,7 +104,7 @@ class PromotionService:
                 problems.append(f"trainer_job_id: must be a job of account {account}")
             job_id = jm["job"]
         if p := rules.check_checkpoint_id(checkpoint_id):
-            problems.append(f"checkpoint: {checkpoint_id!r} {p}")
+            problems.append(f"checkpoint: {shorten(checkpoint_id)!r} {p}")
         if problems:
             raise InvalidArgument("; ".join(problems))
 
@@ -122,7 +123,7 @@ class PromotionService:
             )
         if req.base_model and req.base_model != meta.base_model:
             raise InvalidArgument(
-                f"base_model: {req.base_model!r} does not match the checkpoint's base model {meta.base_model!r}"
+                f"base_model: {shorten(req.base_model)!r} does not match the checkpoint's base model {meta.base_model!r}"
             )
 
         model: dict[str, Any] = {
