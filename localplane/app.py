@@ -495,6 +495,11 @@ def create_app(plane: Plane) -> FastAPI:
     async def stats() -> dict[str, Any]:
         return plane.stats()
 
+    @admin.post("/checkpoints:sweep")
+    async def sweep_checkpoints() -> dict[str, Any]:
+        """Delete expired checkpoints now (the plane also does it every minute)."""
+        return {"changed": await asyncio.to_thread(plane.sweep_checkpoints)}
+
     @admin.post("/stats:reset")
     async def reset_stats() -> dict[str, Any]:
         plane.storage.reset_counters()

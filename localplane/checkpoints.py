@@ -118,6 +118,8 @@ class CheckpointMeta:
     expires: dict[str, str] = field(default_factory=dict)
     #: The model config its arrays rebuild (backend-specific).
     model_config: dict[str, Any] = field(default_factory=dict)
+    #: What the client attached to the save (``Checkpoint.user_metadata``).
+    user_metadata: dict[str, str] = field(default_factory=dict)
 
     @property
     def logical_name(self) -> str:

@@ -196,6 +196,7 @@ def save(
     generation: int,
     ttl_seconds: int | None = None,
     overwrite: bool = False,
+    user_metadata: dict[str, str] | None = None,
 ) -> ckpt.CheckpointMeta:
     """Write a checkpoint atomically under the name's id for the caller's lineage (see the
     module's doc). Saving a name again at the same weights is a no-op that records the run
@@ -229,7 +230,14 @@ def save(
     run_list = list(keep.runs) if keep else []
     if caller.run and caller.run not in run_list:
         run_list.append(caller.run)
-    if keep is not None and keep.kind == kind and keep.runs == run_list and keep.expires == expires:
+    metadata = {**(keep.user_metadata if keep else {}), **(user_metadata or {})}
+    if (
+        keep is not None
+        and keep.kind == kind
+        and keep.runs == run_list
+        and keep.expires == expires
+        and keep.user_metadata == metadata
+    ):
         return keep  # a retried save: nothing changes
     size = keep.size_bytes if keep else 0
     if keep is None or (segment == "state" and "state" not in keep.segments()):
@@ -270,6 +278,7 @@ def save(
         lineage=keep.lineage if keep and keep.lineage else caller.lineage,
         expires=expires,
         model_config=exported.config,
+        user_metadata=metadata,
     )
     ckpt.write_meta(caller.data_dir, meta)
     return meta

@@ -90,6 +90,7 @@ def checkpoint_wire(meta: ckpt.CheckpointMeta, segment: str, run_id: str) -> dic
         "tinker_path": f"tinker://{run_id}/{prefix}/{meta.logical_name}",
         "size_bytes": meta.size_bytes,
         "public": False,
+        "user_metadata": meta.user_metadata or None,
         "expires_at": meta.expiry(segment),
     }
 

@@ -149,9 +149,11 @@ class TrainerService:
             except Exception:  # a sweep must never stop the trainer
                 log.exception("trainer.sweep_failed")
 
-    def stats(self) -> dict[str, int]:
-        """Table sizes (a localplane extension of healthz, for the memory benchmark)."""
+    def stats(self) -> dict[str, Any]:
+        """Table sizes and loss usage (a localplane extension of healthz, for tests and the
+        memory benchmark)."""
         return {
+            "losses": dict(self.models.loss_calls),
             "sessions": len(self.sessions),
             "models": len(self.models),
             "samplers": len(self.samplers),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -82,6 +83,8 @@ class Models:
         self._models: dict[str, Model] = {}
         #: (session_id, model_seq_id) -> the future of the call that created the model.
         self._creates: dict[tuple[str, int], Future] = {}
+        #: forward/forward_backward calls applied, by loss (healthz, for tests and operators).
+        self.loss_calls: Counter[str] = Counter()
         self._handlers: dict[str, Callable[[Model, dict[str, Any]], Any]] = {
             "forward": lambda m, b: self._forward_backward(m, b, backward=False),
             "forward_backward": lambda m, b: self._forward_backward(m, b, backward=True),
@@ -364,6 +367,7 @@ class Models:
                 ckpts.validate_name(name)
             validate.ttl_seconds(body)
             validate.flag(body, "overwrite")
+            validate.user_metadata(body.get("user_metadata"))
             if op == "save_weights_for_sampler":
                 validate.sampler_save(body)
         elif op == "load_weights":
@@ -397,19 +401,17 @@ class Models:
         if body.get("forward_only"):
             backward = False
         key, inp = validate.forward_input(body)
+        loss_fn = inp.get("loss_fn", "cross_entropy")
         datums = body.get(_PARSED) or validate.datums(
             inp, key, vocab=svc.backend.vocab_size, max_len=svc.cfg.max_context_length
         )
         try:
             result = svc.backend.forward_backward(
-                model.state,
-                datums,
-                inp.get("loss_fn", "cross_entropy"),
-                inp.get("loss_fn_config"),
-                backward=backward,
+                model.state, datums, loss_fn, inp.get("loss_fn_config"), backward=backward
             )
         except (ValueError, losses.LossError) as exc:
             raise UserError(f"{key}: {exc}") from None
+        self.loss_calls[f"{'forward_backward' if backward else 'forward'}:{loss_fn}"] += 1
         return {
             "loss_fn_output_type": "ArrayRecord",
             "loss_fn_outputs": [
@@ -451,6 +453,7 @@ class Models:
             generation=svc.cfg.generation,
             ttl_seconds=validate.ttl_seconds(body),
             overwrite=validate.flag(body, "overwrite"),
+            user_metadata=validate.user_metadata(body.get("user_metadata")),
         )
         model.run.updated = ckpt.now_rfc3339()
         runs.write(svc.cfg.data_dir, model.run)

@@ -268,7 +268,13 @@ def normalization(body: Mapping[str, Any]) -> str | None:
 
 
 def sampler_save(body: Mapping[str, Any]) -> None:
-    """The Fireworks fork's sampler-save extras: what this trainer can honour."""
+    """A sampler save's extras (tinker's ``kind``, the Fireworks fork's checkpoint type and
+    export settings): what this trainer can honour."""
+    if body.get("kind") not in (None, "snapshot"):
+        raise UserError(
+            f"kind: {shorten(body.get('kind'))!r} sampling clients are not supported; supported: "
+            "snapshot (fixed weights)"
+        )
     kind = body.get("checkpoint_type")
     if kind not in SAMPLER_CHECKPOINT_TYPES:
         raise UserError(
