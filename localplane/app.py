@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 from fastapi import APIRouter, Depends, FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 from sse_starlette import EventSourceResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -25,6 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from localplane import catalog, limits
 from localplane import checkpoints as ckpt
 from localplane import logs as trainer_logs
+from localplane.deployments import SNAPSHOT_HEADER
 from localplane.errors import (
     InvalidArgument,
     NotFound,
@@ -310,6 +311,11 @@ def create_app(plane: Plane) -> FastAPI:
     async def create_job(request: Request, a: str = Depends(account_access)) -> dict[str, Any]:
         query = dict(request.query_params)
         valid = validate_create(query, await json_body(request), a)
+        linked = valid.spec.get("hotLoadDeploymentId")
+        if linked and plane.storage.get_deployment(a, linked) is None:
+            raise InvalidArgument(
+                f"hotLoadDeploymentId: deployment accounts/{a}/deployments/{linked} does not exist"
+            )
         return plane.jobs.create(a, valid, query.get("trainingShape"))
 
     @v1.get("/accounts/{a}/rlorTrainerJobs")
@@ -393,6 +399,37 @@ def create_app(plane: Plane) -> FastAPI:
             raise NotFound(f"checkpoint {rec.name}/checkpoints/{c} not found")
         return {}
 
+    # ---------------------------------------------------------- deployments
+
+    @v1.post("/accounts/{a}/deployments")
+    async def create_deployment(
+        request: Request, a: str = Depends(account_access)
+    ) -> dict[str, Any]:
+        return plane.deployments.create(a, dict(request.query_params), await json_body(request))
+
+    @v1.get("/accounts/{a}/deployments")
+    async def list_deployments(
+        request: Request, a: str = Depends(account_access)
+    ) -> dict[str, Any]:
+        size, offset = _page_size(request), _offset(request)
+        page, more = plane.deployments.page(a, offset, size)
+        return {"deployments": page, "nextPageToken": _token(offset + size) if more else ""}
+
+    @v1.get("/accounts/{a}/deployments/{d}")
+    async def get_deployment(d: str, a: str = Depends(account_access)) -> dict[str, Any]:
+        return plane.deployments.get(a, d)
+
+    @v1.patch("/accounts/{a}/deployments/{d}")
+    async def update_deployment(
+        d: str, request: Request, a: str = Depends(account_access)
+    ) -> dict[str, Any]:
+        mask = request.query_params.get("updateMask", "")
+        return plane.deployments.update(a, d, await json_body(request), mask)
+
+    @v1.delete("/accounts/{a}/deployments/{d}")
+    async def delete_deployment(d: str, a: str = Depends(account_access)) -> dict[str, Any]:
+        return plane.deployments.delete(a, d)
+
     # --------------------------------------------------------------- shapes
 
     def _shape_access(a: str, who: Principal) -> None:
@@ -443,6 +480,31 @@ def create_app(plane: Plane) -> FastAPI:
         return plane.promotion.model(a, m)
 
     app.include_router(v1)
+
+    # ----------------------------------------------------- hot-load, inference
+
+    async def caller_account(who: Principal = Depends(principal)) -> str:
+        if who.kind != "user" or who.account_id is None:
+            raise PermissionDenied("the admin key is for /admin/v1 only; use an account's API key")
+        return who.account_id
+
+    @app.post("/hot_load/v1/models/hot_load", include_in_schema=False)
+    async def hot_load(request: Request, a: str = Depends(caller_account)) -> dict[str, Any]:
+        return await plane.deployments.hotload(a, request.headers, await json_body(request))
+
+    @app.get("/hot_load/v1/models/hot_load", include_in_schema=False)
+    async def hot_load_status(request: Request, a: str = Depends(caller_account)) -> dict[str, Any]:
+        return plane.deployments.hotload_status(a, request.headers)
+
+    @app.post("/inference/v1/completions", include_in_schema=False)
+    async def completions(request: Request, a: str = Depends(caller_account)) -> Any:
+        answer = await plane.deployments.complete(a, await json_body(request))
+        if isinstance(answer, tuple):
+            body, identity = answer
+            response = JSONResponse(body)
+            response.headers[SNAPSHOT_HEADER] = identity or ""
+            return response
+        return StreamingResponse(answer, media_type="text/event-stream")
 
     # -------------------------------------------------------------- gateway
 

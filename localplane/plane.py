@@ -18,6 +18,7 @@ import structlog
 from localplane import auth, limits
 from localplane import checkpoints as ckpt
 from localplane.config import PlaneConfig, PlaneSettings
+from localplane.deployments import DeploymentService
 from localplane.errors import InvalidArgument, PermissionDenied, Unauthenticated
 from localplane.events import EventBus
 from localplane.gateway import Gateway
@@ -83,6 +84,7 @@ class Plane:
             self.keys_file,
         )
         self.promotion = PromotionService(self.storage, self.data_dir, lambda: self.config)
+        self.deployments = DeploymentService(self.storage, self.data_dir)
         self.api_key, self.admin_key = self._ensure_keys()
 
     # ------------------------------------------------------------ lifecycle
@@ -99,6 +101,7 @@ class Plane:
             await self._sweeper
         await self.jobs.stop()
         await self.promotion.stop()
+        self.deployments.close()
         await self.events.stop()
         await self.gateway.aclose()
         self.storage.close()

@@ -171,6 +171,11 @@ def validate_create(query: dict[str, str], body: Any, account: str) -> ValidCrea
     tc = req.training_config
     if p := rules.check_base_model(tc.base_model):
         problems.append(f"trainingConfig.baseModel: {p}")
+    elif refused := catalog.check_servable(tc.base_model, account):
+        code, rule = refused
+        if code == 403:
+            raise PermissionDenied(f"trainingConfig.baseModel: {rule}")
+        problems.append(f"trainingConfig.baseModel: {shorten(tc.base_model)} {rule}")
     if p := rules.check_lora_rank(tc.lora_rank):
         problems.append(f"trainingConfig.loraRank: {p}")
     if not math.isfinite(tc.learning_rate) or tc.learning_rate < 0:

@@ -353,6 +353,7 @@ class CausalLM:
         seed: int,
     ) -> tuple[list[int], list[float], str]:
         """Generate up to ``max_tokens`` tokens after ``prompt``: (tokens, logprobs, reason).
+        (:meth:`sample_detailed` also gives the sampling distribution's log-probabilities.)
 
         ``logprobs`` are the sampled tokens' log-probabilities under the model itself
         (temperature 1, no top-k/top-p), which is what Tinker's sampler reports. Stopping
@@ -361,6 +362,31 @@ class CausalLM:
         EOS. The stop token(s) are part of the returned tokens; ``reason`` is ``"stop"`` then,
         ``"length"`` when ``max_tokens`` ran out. The same arguments give the same result.
         """
+        tokens, logprobs, reason, _ = self.sample_detailed(
+            prompt,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            stop=stop,
+            seed=seed,
+        )
+        return tokens, logprobs, reason
+
+    def sample_detailed(
+        self,
+        prompt: Sequence[int],
+        *,
+        max_tokens: int,
+        temperature: float = 1.0,
+        top_k: int = -1,
+        top_p: float = 1.0,
+        stop: Sequence[Sequence[int]] | None = None,
+        seed: int,
+    ) -> tuple[list[int], list[float], str, list[float]]:
+        """:meth:`sample`, plus each token's log-probability under the distribution it was
+        drawn from (after temperature, top-k and top-p: 0 for a greedy pick) — what a serving
+        deployment reports as ``sampling_logprob``."""
         toks = _as_tokens(prompt, "prompt")
         if max_tokens < 0:
             raise ValueError(f"max_tokens must be 0 or more, got {max_tokens}")
@@ -379,17 +405,19 @@ class CausalLM:
         window = [EOS] * c + [int(t) for t in toks[-c:]]
         out: list[int] = []
         logprobs: list[float] = []
+        sampling: list[float] = []
         for _ in range(max_tokens):
             ctx = np.asarray(window[-c:], dtype=np.int64)[None, :]
             _, _, logits = self._logits(w, ctx)
             logits = logits[0]
-            token = _choose(logits, temperature, top_k, top_p, rng)
+            token, chosen = _choose(logits, temperature, top_k, top_p, rng)
             out.append(token)
             logprobs.append(float(_log_softmax(logits[None, :])[0, token]))
+            sampling.append(math.log(chosen))
             window.append(token)
             if any(out[-len(s) :] == s for s in stops if len(s) <= len(out)):
-                return out, logprobs, "stop"
-        return out, logprobs, "length"
+                return out, logprobs, "stop", sampling
+        return out, logprobs, "length", sampling
 
 
 class Adam:
@@ -585,12 +613,13 @@ def _check_datums(datums: Sequence[Datum]) -> tuple[list[np.ndarray], list[np.nd
 
 def _choose(
     logits: np.ndarray, temperature: float, top_k: int, top_p: float, rng: np.random.Generator
-) -> int:
+) -> tuple[int, float]:
+    """The drawn token and its probability under the distribution it was drawn from."""
     # The RNG is drawn exactly once per token whatever the settings, so a seed's stream of
     # draws does not depend on where a sequence stops.
     u = rng.random()
     if temperature == 0.0:
-        return int(np.argmax(logits))
+        return int(np.argmax(logits)), 1.0
     # Candidates by descending logit, ties by token id (stable sort): fully deterministic.
     order = np.argsort(-logits, kind="stable")
     if top_k > 0:
@@ -603,5 +632,5 @@ def _choose(
         keep = (np.cumsum(p) - p) < top_p
         order, p = order[keep], p[keep]
         p = p / p.sum()
-    index = int(np.searchsorted(np.cumsum(p), u, side="right"))
-    return int(order[min(index, len(order) - 1)])
+    index = min(int(np.searchsorted(np.cumsum(p), u, side="right")), len(order) - 1)
+    return int(order[index]), float(p[index])
