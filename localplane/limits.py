@@ -72,11 +72,15 @@ SAMPLER_IDLE_S: Final = 3600
 #: 4-64 times; 16,384 distinct prompts per sampler covers a large batch, and an evicted
 #: counter only makes a far-later repeat of an old prompt sample like its first occurrence.
 MAX_SAMPLE_OCCURRENCES: Final = 16_384
-#: Sampled sequences recorded for provenance (record_stability_info), trainer-wide. The
-#: hosted service keeps them a day after their last use; so does localplane, and a count
-#: bound of 65,536 (~20 MB of tokens and logprobs at 64 tokens each) keeps memory flat.
-MAX_RECORDED_SEQUENCES: Final = 65_536
-RECORDED_SEQUENCE_TTL_S: Final = 24 * 3600
+#: Sampled sequences recorded for provenance (record_stability_info), trainer-wide, least
+#: recently used first out. A datum names sequences of the last few sampling rounds: an
+#: on-policy step trains on the round it just sampled, the cookbook's async RL reaches back
+#: max_steps_off_policy rounds (single digits). 16,384 is 8 rounds of a large GRPO batch
+#: (128 groups x 16 samples); entries are compact arrays (~0.5 KB at 64 tokens), so the
+#: table stays under ~10 MB. An hour after its last use a sequence is no longer needed by
+#: any loop whose steps take minutes.
+MAX_RECORDED_SEQUENCES: Final = 16_384
+RECORDED_SEQUENCE_TTL_S: Final = 3600
 
 # ------------------------------------------------------------------------- futures
 

@@ -34,6 +34,9 @@ class TrainerConfig:
     #: How long a later seq_id waits for a missing earlier one before the model breaks; tied
     #: to the longest route-race window a job spec may ask for (rules.SEQ_GAP_HOLD_S).
     seq_gap_timeout_s: float = rules.SEQ_GAP_HOLD_S
+    #: Whether the trainer also speaks the protobuf dialect (tinker 0.38). Off, it speaks JSON
+    #: only, as hosted Fireworks trainers do: a protobuf request is a 415, results are JSON.
+    protobuf: bool = True
 
     @property
     def job_name(self) -> str:

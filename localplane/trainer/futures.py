@@ -213,9 +213,9 @@ class Sequencer:
 
     def _trim(self) -> None:
         while len(self.window) > self.window_size:
-            seq_id = next(iter(self.window))
-            if seq_id in self.pending:
-                break  # never forget work not yet done
+            seq_id, oldest = next(iter(self.window.items()))
+            if not oldest.done:
+                break  # never forget work not yet done (waiting, or running right now)
             self.store.forget(self.window.pop(seq_id))
 
     def sweep(self, now: float) -> None:

@@ -12,9 +12,9 @@
   on a new trainer from a checkpoint samples exactly what it sampled the first time, and
   GRPO's repeated identical prompts still get different samples.
 * With ``record_stability_info`` every sampled sequence is recorded (its prompt, tokens and
-  the sampler's log-probabilities) for a day after its last use, so training requests can
-  name it (``Datum.loss_fn_input_spans``): StableReinforce then trains against the
-  log-probabilities the sampler really had.
+  the sampler's log-probabilities; bounded by age and count, ``limits``), so training
+  requests can name it (``Datum.loss_fn_input_spans``): StableReinforce then trains against
+  the log-probabilities the sampler really had.
 """
 
 from __future__ import annotations
@@ -74,14 +74,15 @@ class Sampler:
         }
 
 
-@dataclass
+@dataclass(slots=True)
 class Recorded:
-    """A sampled sequence kept for provenance."""
+    """A sampled sequence kept for provenance, compactly: tens of thousands are kept, and the
+    samples of one request share their prompt array."""
 
     session_id: str
-    prompt: list[int]
-    tokens: list[int]
-    logprobs: list[float]
+    prompt: np.ndarray  # int32, shared by the request's samples
+    tokens: np.ndarray  # int32
+    logprobs: np.ndarray  # float64, as the sampler computed them
     last_used: float = field(default_factory=time.monotonic)
 
 
@@ -289,8 +290,17 @@ class Samplers:
                 weights, settings.prompt, settings.prompt_logprobs_last_n
             )
         if record_for is not None:
+            prompt = np.asarray(settings.prompt, dtype=np.int32)
             recorded = [
-                (seq_id, Recorded(record_for, settings.prompt, s.tokens, s.logprobs))
+                (
+                    seq_id,
+                    Recorded(
+                        record_for,
+                        prompt,
+                        np.asarray(s.tokens, dtype=np.int32),
+                        np.asarray(s.logprobs, dtype=np.float64),
+                    ),
+                )
                 for seq_id, s in zip(fut.extra["sample_sequence_ids"], samples, strict=True)
             ]
             self.svc.after(lambda: self._record(recorded))
@@ -365,22 +375,23 @@ class Samplers:
         if rec is None or rec.session_id != session_id:
             raise UserError(
                 f"{at}.sequence_id: {shorten(span.sequence_id)} is not a sequence this session "
-                "sampled with record_stability_info=True (or it is older than a day since its "
-                "last use)"
+                "sampled with record_stability_info=True (or it was forgotten: sequences are kept "
+                f"{limits.RECORDED_SEQUENCE_TTL_S}s after their last use, the newest "
+                f"{limits.MAX_RECORDED_SEQUENCES} at most)"
             )
         rec.last_used = time.monotonic()
         self._recorded.move_to_end(span.sequence_id)
         return rec
 
     @staticmethod
-    def _check_run(got: np.ndarray, source: list[int], span: Span, at: str) -> None:
+    def _check_run(got: np.ndarray, source: np.ndarray, span: Span, at: str) -> None:
         end = span.offset + span.length
         if end > len(source):
             raise UserError(
                 f"{at}: offset {span.offset} + length {span.length} exceeds the {len(source)} "
                 f"{span.kind.replace('_', ' ')} of sequence {shorten(span.sequence_id)}"
             )
-        if list(np.asarray(got, dtype=np.int64)) != list(source[span.offset : end]):
+        if not np.array_equal(np.asarray(got, dtype=np.int64), source[span.offset : end]):
             raise UserError(
                 f"{at}: the datum's tokens differ from the {span.kind.replace('_', ' ')} of "
                 f"sequence {shorten(span.sequence_id)} at [{span.offset}, {end})"

@@ -130,7 +130,9 @@ def create_app(service: TrainerService) -> Starlette:
             if op != "healthz":  # health probes do not keep a trainer alive; any real call does
                 state["last_activity"] = time.monotonic()
             raw = await read_bounded(request, limits.DATA_PLANE_MAX_BODY_BYTES)
-            body, dialect = dialects.decode_request(op, request.headers.get("content-type"), raw)
+            body, dialect = dialects.decode_request(
+                op, request.headers.get("content-type"), raw, protobuf=service.cfg.protobuf
+            )
             if op == "forward_backward" and body.get("forward_only"):
                 op = "forward"  # tinker's forward(): the same endpoint, forward_only set
                 route, params = routes.match("POST", "forward")
@@ -143,7 +145,7 @@ def create_app(service: TrainerService) -> Starlette:
                 result_op, answered = op, route.handler(call)
                 result = await answered if isinstance(answered, Awaitable) else answered
             payload, media = dialects.encode_result(
-                result_op, result, request.headers.get("accept")
+                result_op, result, request.headers.get("accept"), protobuf=service.cfg.protobuf
             )
             if media == dialects.PROTOBUF:
                 dialect = "protobuf"

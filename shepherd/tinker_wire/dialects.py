@@ -44,9 +44,19 @@ def _media(value: str | None) -> str:
     return (value or "").split(";", 1)[0].strip().lower()
 
 
-def decode_request(op: str, content_type: str | None, body: bytes) -> tuple[dict[str, Any], str]:
-    """The canonical (JSON-dialect) body of a request, and the dialect it came in."""
+def decode_request(
+    op: str, content_type: str | None, body: bytes, *, protobuf: bool = True
+) -> tuple[dict[str, Any], str]:
+    """The canonical (JSON-dialect) body of a request, and the dialect it came in. With
+    ``protobuf`` off the server speaks JSON only, as hosted Fireworks trainers do: a protobuf
+    body is refused (415)."""
     if _media(content_type) == PROTOBUF:
+        if not protobuf:
+            raise WireError(
+                f"{op}: this trainer speaks the JSON dialect of the Tinker API only (as hosted "
+                "Fireworks trainers do); send application/json",
+                code=415,
+            )
         proto = _proto()
         if proto is None:
             raise WireError(
@@ -93,9 +103,12 @@ def dumps(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), default=_json_default).encode()
 
 
-def encode_result(op: str, result: dict[str, Any], accept: str | None) -> tuple[bytes, str]:
-    """A result's payload and media type, in the dialect the client asked for."""
-    if wants_protobuf(accept):
+def encode_result(
+    op: str, result: dict[str, Any], accept: str | None, *, protobuf: bool = True
+) -> tuple[bytes, str]:
+    """A result's payload and media type, in the dialect the client asked for (JSON only
+    when ``protobuf`` is off, whatever it asked for)."""
+    if protobuf and wants_protobuf(accept):
         proto = _proto()
         if proto is not None and proto.can_encode(op):
             return proto.encode_result(op, result), PROTOBUF

@@ -425,3 +425,35 @@ async def test_unseeded_samples_replay_identically_on_a_restored_trainer(
     assert await _sample_run(trainer.api, session, replayed_sampler) == first
     await trainer.api.aclose()
     await account.client.delete_job(trainer.job_id)
+
+
+async def test_a_json_only_trainer_refuses_protobuf_and_answers_json(
+    account: Account, faults: PlaneAdmin
+) -> None:
+    """``trainerProtobuf: false`` makes trainers speak JSON only, as hosted Fireworks
+    trainers do: a protobuf body is a final 415 naming the dialect, and a client that asks
+    for protobuf results gets JSON — so a test can prove that whatever sits between a
+    tinker-SDK program and the trainer really translates."""
+    await faults.set_faults(trainerProtobuf=False)
+    trainer = await running_trainer(account, "json-only")
+    api, model = trainer.api, trainer.model
+    try:
+        refused = await api.http.post(
+            api.url("forward_backward"),
+            content=b"\x0a\x00",
+            headers={"content-type": "application/x-protobuf"},
+        )
+        assert refused.status_code == 415, refused.text
+        assert "JSON dialect" in refused.json()["error"]["message"]
+        ticket = await model.submit("forward_backward", model.fwdbwd_body(batch(1)))
+        answer = await api.http.post(
+            api.url("retrieve_future"),
+            json={"request_id": ticket["request_id"]},
+            headers={"accept": "application/x-protobuf"},
+        )
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["content-type"].startswith("application/json")
+        assert answer.json()["metrics"]["loss:sum"] > 0
+    finally:
+        await api.aclose()
+        await account.client.delete_job(trainer.job_id)
