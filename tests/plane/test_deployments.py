@@ -189,7 +189,7 @@ def test_managed_service_hot_loads_before_it_samples(sdk_http: PlaneHttp) -> Non
             cleanup_deployment_on_close="delete",
         )
         try:
-            training = service.create_training_client()
+            training = service.create_training_client(lora_rank=4)
             sdk_http.adopt_job(account, service.managed_trainer_job_id or "")
             before = service.create_sampling_client(
                 model_path=training.save_weights_for_sampler("s0").result(RESULT_TIMEOUT).path
