@@ -17,22 +17,25 @@ from typing import Any
 
 import httpx
 from fastapi import APIRouter, Depends, FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 from sse_starlette import EventSourceResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from localplane import catalog
+from localplane import catalog, limits
 from localplane import checkpoints as ckpt
 from localplane import logs as trainer_logs
+from localplane.deployments import SNAPSHOT_HEADER
 from localplane.errors import (
     InvalidArgument,
     NotFound,
+    PayloadTooLarge,
     PermissionDenied,
     PlaneError,
     describe_validation_error,
     error_response,
     install_error_handlers,
+    shorten,
 )
 from localplane.events import EVENT_TYPE
 from localplane.holds import HoldRequests
@@ -90,7 +93,7 @@ def _page_size(request: Request) -> int:
     try:
         size = int(raw)
     except ValueError:
-        raise InvalidArgument(f"pageSize: {raw!r} must be an integer") from None
+        raise InvalidArgument(f"pageSize: {shorten(raw)!r} must be an integer") from None
     if size < 0:
         raise InvalidArgument("pageSize: must be >= 0")
     return min(size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
@@ -146,6 +149,55 @@ def paginate(request: Request, items: list[Any]) -> tuple[list[Any], str]:
     size, offset = _page_size(request), _offset(request)
     page = items[offset : offset + size]
     return page, _token(offset + size) if offset + size < len(items) else ""
+
+
+# ------------------------------------------------------------------------ body limits
+
+
+def body_limit(path: str) -> int:
+    """The largest request body a path takes (localplane/limits.py says why)."""
+    if path.startswith("/training/"):
+        return limits.DATA_PLANE_MAX_BODY_BYTES
+    if path.startswith(("/inference/", "/hot_load/")):
+        return limits.INFERENCE_MAX_BODY_BYTES
+    return limits.CONTROL_PLANE_MAX_BODY_BYTES
+
+
+class BodyLimit:
+    """413 for a body over its path's limit, before it is parsed: at once from its
+    Content-Length, or as soon as a body without one streams past the limit (the app's
+    read raises, its error handler answers)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = body_limit(scope["path"])
+        declared = dict(scope.get("headers") or []).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > limit:
+            await error_response(
+                413,
+                "INVALID_ARGUMENT",
+                f"request body of {int(declared)} bytes exceeds this endpoint's limit of {limit} bytes",
+            )(scope, receive, send)
+            return
+        received = 0
+
+        async def limited() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise PayloadTooLarge(
+                        f"request body exceeds this endpoint's limit of {limit} bytes"
+                    )
+            return message
+
+        await self.app(scope, limited, send)
 
 
 # ------------------------------------------------------------------------------ faults
@@ -211,6 +263,8 @@ def create_app(plane: Plane) -> FastAPI:
     install_error_handlers(app)
     app.add_middleware(ControlPlaneFaults, plane=lambda: plane)
     app.add_middleware(HoldRequests, holds=plane.holds)
+    # Outermost: a body over the limit is refused before anything else looks at it.
+    app.add_middleware(BodyLimit)
 
     async def principal(request: Request) -> Principal:
         return plane.authenticate(request.headers)
@@ -259,6 +313,11 @@ def create_app(plane: Plane) -> FastAPI:
     async def create_job(request: Request, a: str = Depends(account_access)) -> dict[str, Any]:
         query = dict(request.query_params)
         valid = validate_create(query, await json_body(request), a)
+        linked = valid.spec.get("hotLoadDeploymentId")
+        if linked and plane.storage.get_deployment(a, linked) is None:
+            raise InvalidArgument(
+                f"hotLoadDeploymentId: deployment accounts/{a}/deployments/{linked} does not exist"
+            )
         return plane.jobs.create(a, valid, query.get("trainingShape"))
 
     @v1.get("/accounts/{a}/rlorTrainerJobs")
@@ -281,7 +340,7 @@ def create_app(plane: Plane) -> FastAPI:
                 raise ValueError
         except ValueError:
             raise InvalidArgument(
-                f"Last-Event-ID: {raw!r} must be an event id (an integer >= 0)"
+                f"Last-Event-ID: {shorten(raw)!r} must be an event id (an integer >= 0)"
             ) from None
         job = request.query_params.get("rlorTrainerJobId") or None
 
@@ -342,6 +401,37 @@ def create_app(plane: Plane) -> FastAPI:
             raise NotFound(f"checkpoint {rec.name}/checkpoints/{c} not found")
         return {}
 
+    # ---------------------------------------------------------- deployments
+
+    @v1.post("/accounts/{a}/deployments")
+    async def create_deployment(
+        request: Request, a: str = Depends(account_access)
+    ) -> dict[str, Any]:
+        return plane.deployments.create(a, dict(request.query_params), await json_body(request))
+
+    @v1.get("/accounts/{a}/deployments")
+    async def list_deployments(
+        request: Request, a: str = Depends(account_access)
+    ) -> dict[str, Any]:
+        size, offset = _page_size(request), _offset(request)
+        page, more = plane.deployments.page(a, offset, size)
+        return {"deployments": page, "nextPageToken": _token(offset + size) if more else ""}
+
+    @v1.get("/accounts/{a}/deployments/{d}")
+    async def get_deployment(d: str, a: str = Depends(account_access)) -> dict[str, Any]:
+        return plane.deployments.get(a, d)
+
+    @v1.patch("/accounts/{a}/deployments/{d}")
+    async def update_deployment(
+        d: str, request: Request, a: str = Depends(account_access)
+    ) -> dict[str, Any]:
+        mask = request.query_params.get("updateMask", "")
+        return plane.deployments.update(a, d, await json_body(request), mask)
+
+    @v1.delete("/accounts/{a}/deployments/{d}")
+    async def delete_deployment(d: str, a: str = Depends(account_access)) -> dict[str, Any]:
+        return plane.deployments.delete(a, d)
+
     # --------------------------------------------------------------- shapes
 
     def _shape_access(a: str, who: Principal) -> None:
@@ -401,6 +491,31 @@ def create_app(plane: Plane) -> FastAPI:
         return plane.promotion.delete_model(a, m)
 
     app.include_router(v1)
+
+    # ----------------------------------------------------- hot-load, inference
+
+    async def caller_account(who: Principal = Depends(principal)) -> str:
+        if who.kind != "user" or who.account_id is None:
+            raise PermissionDenied("the admin key is for /admin/v1 only; use an account's API key")
+        return who.account_id
+
+    @app.post("/hot_load/v1/models/hot_load", include_in_schema=False)
+    async def hot_load(request: Request, a: str = Depends(caller_account)) -> dict[str, Any]:
+        return await plane.deployments.hotload(a, request.headers, await json_body(request))
+
+    @app.get("/hot_load/v1/models/hot_load", include_in_schema=False)
+    async def hot_load_status(request: Request, a: str = Depends(caller_account)) -> dict[str, Any]:
+        return plane.deployments.hotload_status(a, request.headers)
+
+    @app.post("/inference/v1/completions", include_in_schema=False)
+    async def completions(request: Request, a: str = Depends(caller_account)) -> Any:
+        answer = await plane.deployments.complete(a, await json_body(request))
+        if isinstance(answer, tuple):
+            body, identity = answer
+            response = JSONResponse(body)
+            response.headers[SNAPSHOT_HEADER] = identity or ""
+            return response
+        return StreamingResponse(answer, media_type="text/event-stream")
 
     # -------------------------------------------------------------- gateway
 
@@ -465,6 +580,11 @@ def create_app(plane: Plane) -> FastAPI:
     async def stats() -> dict[str, Any]:
         return plane.stats()
 
+    @admin.post("/checkpoints:sweep")
+    async def sweep_checkpoints() -> dict[str, Any]:
+        """Delete expired checkpoints now (the plane also does it every minute)."""
+        return {"changed": await asyncio.to_thread(plane.sweep_checkpoints)}
+
     @admin.post("/stats:reset")
     async def reset_stats() -> dict[str, Any]:
         plane.storage.reset_counters()
@@ -481,7 +601,7 @@ def create_app(plane: Plane) -> FastAPI:
             raise InvalidArgument("state: is required, e.g. JOB_STATE_CANCELLED")
         state = JobState(body["state"])
         if state is JobState.UNSPECIFIED:
-            raise InvalidArgument(f"state: {body['state']!r} is not a job state")
+            raise InvalidArgument(f"state: {shorten(body['state'])!r} is not a job state")
         message = optional_str(body, "message") or ""
         return plane.jobs.stop_as(_admin_job(j, request), state, message)
 

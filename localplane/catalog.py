@@ -171,16 +171,55 @@ def get(account: str, shape: str, version: str) -> ShapeVersion | None:
     return next((v for v in versions(account, shape) if v.version == version), None)
 
 
-#: The base models of the catalog accounts, readable by any key (GET .../models/<m>) as the
-#: hosted platform serves its public models: a job asks whether its base model exists
-#: before it creates a trainer (Shepherd's activities/preflight.py). Every one of them
-#: runs as the same tiny local model.
-BASE_MODELS: dict[str, tuple[str, ...]] = {
-    "fireworks": ("qwen3-8b", "qwen3p5-9b", "llama-v3p1-8b-instruct"),
-}
+# ------------------------------------------------------------------------- base models
+
+#: Public base models localplane serves (by their hosted names). Every one runs as the same
+#: stand-in model (localplane/trainer/lm.py), seeded by its name. A Tinker-style name (no
+#: ``accounts/`` prefix, e.g. ``Qwen/Qwen3-8B-Base``) names a stand-in too: the tinker-cookbook
+#: picks renderers by such names.
+BASE_MODELS = frozenset(
+    f"accounts/fireworks/models/{m}"
+    for m in (
+        "qwen3-0p6b",
+        "qwen3-1p7b",
+        "qwen3-4b",
+        "qwen3-8b",
+        "qwen3-14b",
+        "qwen3-32b",
+        "qwen3-30b-a3b",
+        "qwen3p5-9b",
+        "llama-v3p1-8b-instruct",
+        "llama-v3p2-1b-instruct",
+        "llama-v3p2-3b-instruct",
+    )
+)
+
+
+def check_servable(base_model: str, account: str) -> tuple[int, str] | None:
+    """Why localplane cannot serve ``base_model`` for ``account`` — ``(http code, rule)`` —
+    or None. Resource names must be one of :data:`BASE_MODELS`: another account's model is
+    not the caller's to use (403), and a promoted model of the caller's own cannot be a base
+    (the stand-in would train from its name, not its weights: load its checkpoint instead)."""
+    if not base_model.startswith("accounts/"):
+        return None
+    if base_model in BASE_MODELS:
+        return None
+    owner = base_model.split("/")[1]
+    if owner not in PUBLIC_ACCOUNTS and owner != account:
+        return 403, f"{base_model} belongs to another account"
+    if owner == account:
+        return 400, (
+            "a model of your account cannot be a base model on localplane (it would train from "
+            "the stand-in of its name, not its weights); load its checkpoint with load_weights"
+        )
+    return 400, "is not a model localplane serves; it serves " + ", ".join(sorted(BASE_MODELS))
 
 
 def base_model(account: str, model: str) -> dict[str, Any] | None:
-    if model not in BASE_MODELS.get(account, ()):
+    """A public base model as ``GET accounts/<a>/models/<m>`` shows it to any key (the hosted
+    platform serves its public models so): a job asks whether its base model exists before
+    it creates a trainer (Shepherd's activities/preflight.py)."""
+    name = f"accounts/{account}/models/{model}"
+    if name not in BASE_MODELS:
         return None
-    return {"name": f"accounts/{account}/models/{model}", "state": "READY", "kind": "HF_BASE_MODEL"}
+    return {"name": name, "state": "READY", "kind": "HF_BASE_MODEL"}

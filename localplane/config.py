@@ -103,6 +103,11 @@ class PlaneConfig(_Camel):
     #: Default emulated GPU time of one forward_backward micro-batch (jobs may override
     #: with ``--compute-delay-ms=N`` in ``extraArgs``).
     compute_delay_ms: float = Field(default=0.0, ge=0, le=600_000)
+    #: Whether trainers started from now on also speak the protobuf dialect of the Tinker API
+    #: (tinker 0.38's). False: JSON only, as hosted Fireworks trainers are — a protobuf request
+    #: is a 415 — so a test can prove a client (or a proxy in front of a tinker-SDK program)
+    #: really speaks JSON.
+    trainer_protobuf: bool = True
     #: How long an async promotion takes to finish.
     promotion_seconds: float = Field(default=0.2, ge=0, le=3600)
     #: After a trainer dies, the job shows JOB_STATE_CREATING this long before FAILED (the

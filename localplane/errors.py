@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.responses import JSONResponse
 
+from localplane import limits
+
 if TYPE_CHECKING:
     # Only the plane's app needs FastAPI and pydantic; every trainer process imports this
     # module too, and importing FastAPI costs it ~0.3 s of CPU per start (bench/scale.py).
@@ -15,11 +17,27 @@ if TYPE_CHECKING:
     from pydantic import ValidationError
 
 
+def shorten(value: object, limit: int = limits.ECHO_CHARS) -> str:
+    """``repr``-free text of a value a client sent, cut for an error message: an id is
+    recognisable, a 25 MB string is not echoed back."""
+    text = value if isinstance(value, str) else repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
+def bounded_message(message: str) -> str:
+    """An error message no longer than the declared maximum (a backstop: fields are cut with
+    :func:`shorten` where they are echoed)."""
+    return shorten(message, limits.MAX_ERROR_MESSAGE_CHARS)
+
+
 class PlaneError(Exception):
     code: int = 500
     status: str = "INTERNAL"
 
     def __init__(self, message: str, *, code: int | None = None) -> None:
+        message = bounded_message(message)
         super().__init__(message)
         self.message = message
         if code is not None:
@@ -49,12 +67,41 @@ class NotFound(PlaneError):
     code, status = 404, "NOT_FOUND"
 
 
-class AlreadyExists(PlaneError):
-    code, status = 409, "ALREADY_EXISTS"
+class MissingResource(PlaneError):
+    """A REST resource a *trainer* does not have (a training run, a checkpoint, a session).
+    The hosted REST API says 404; on the data plane a 404 means "no route to this job"
+    (trainer-api.md §5), so trainers answer 400 with status NOT_FOUND instead."""
+
+    code, status = 400, "NOT_FOUND"
+
+
+class UnknownEndpoint(PlaneError):
+    """A path the server does not serve. Deliberately not a 404: on the data plane a 404
+    means "no route to this job" (the gateway's route race, trainer-api.md §5), and not a
+    5xx either, which the SDKs retry for minutes. A 400 whose status says UNIMPLEMENTED is
+    final and cannot be mistaken for either."""
+
+    code, status = 400, "UNIMPLEMENTED"
+
+
+class MethodNotAllowed(PlaneError):
+    code, status = 405, "UNIMPLEMENTED"
+
+
+class Gone(PlaneError):
+    code, status = 410, "NOT_FOUND"
+
+
+class PayloadTooLarge(PlaneError):
+    code, status = 413, "INVALID_ARGUMENT"
 
 
 class ResourceExhausted(PlaneError):
     code, status = 429, "RESOURCE_EXHAUSTED"
+
+
+class AlreadyExists(PlaneError):
+    code, status = 409, "ALREADY_EXISTS"
 
 
 class Internal(PlaneError):
@@ -72,6 +119,7 @@ _HTTP_STATUS = {
     404: "NOT_FOUND",
     405: "UNIMPLEMENTED",
     409: "ALREADY_EXISTS",
+    413: "INVALID_ARGUMENT",
     429: "RESOURCE_EXHAUSTED",
     500: "INTERNAL",
     502: "UNAVAILABLE",
@@ -82,7 +130,8 @@ _HTTP_STATUS = {
 
 def error_response(code: int, status: str, message: str) -> JSONResponse:
     return JSONResponse(
-        {"error": {"code": code, "status": status, "message": message}}, status_code=code
+        {"error": {"code": code, "status": status, "message": bounded_message(message)}},
+        status_code=code,
     )
 
 
@@ -116,9 +165,18 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         status = _HTTP_STATUS.get(exc.status_code, "UNKNOWN")
         if exc.status_code == 404:
-            message = f"no such endpoint: {request.method} {request.url.path}"
+            # A path nothing serves: not a 404, which clients read as "that resource does not
+            # exist" (or, on the data plane, as the route race): see UnknownEndpoint.
+            unknown = UnknownEndpoint(
+                f"no such endpoint: {request.method} {shorten(request.url.path)} "
+                "(trainer-api.md lists what localplane serves)"
+            )
+            return JSONResponse(unknown.body(), status_code=unknown.code)
         elif exc.status_code == 405:
-            message = f"method {request.method} is not allowed on {request.url.path}"
+            message = f"method {request.method} is not allowed on {shorten(request.url.path)}"
         else:
             message = str(exc.detail)
-        return error_response(exc.status_code, status, message)
+        response = error_response(exc.status_code, status, message)
+        for name, value in (exc.headers or {}).items():
+            response.headers[name] = value  # e.g. Allow on a 405
+        return response

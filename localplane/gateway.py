@@ -25,7 +25,7 @@ from starlette.responses import Response
 
 from localplane.config import PlaneConfig
 from localplane.errors import error_response
-from localplane.trainer.dialects import DIALECT_HEADER, OP_HEADER
+from shepherd.tinker_wire.dialects import DIALECT_HEADER, OP_HEADER
 
 #: Upstream timeout: training calls may take long with an emulated compute delay.
 UPSTREAM_TIMEOUT_S = 900.0

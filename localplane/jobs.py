@@ -30,7 +30,7 @@ from localplane.errors import AlreadyExists, FailedPrecondition, NotFound
 from localplane.events import EventBus
 from localplane.gateway import Gateway
 from localplane.storage import JobRecord, Storage
-from localplane.trainer.core import TrainerConfig
+from localplane.trainer.config import TrainerConfig
 from localplane.trainer.server import EXIT_IDLE, READY_PREFIX
 from localplane.validation import ValidCreate
 from shepherd.platform import rules
@@ -368,7 +368,8 @@ class JobService:
             max_context_length=tc["maxContextLength"],
             seed=options.get("seed", 0),
             retrieve_hold_s=options.get("retrieve_hold_seconds", 20.0),
-            seq_gap_timeout_s=options.get("seq_gap_timeout_seconds", 120.0),
+            seq_gap_timeout_s=options.get("seq_gap_timeout_seconds", rules.SEQ_GAP_HOLD_S),
+            protobuf=self._config().trainer_protobuf,
             compute_delay_s=compute_ms / 1000.0,
             inactivity_timeout_s=rules.parse_duration(spec["inactivityTimeout"]) or 0.0,
             forward_only=spec["forwardOnly"],

@@ -3,6 +3,8 @@ stopped together. Routes (``app``) talk only to this object."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import random
 import secrets
@@ -13,8 +15,10 @@ from typing import Any
 
 import structlog
 
-from localplane import auth
+from localplane import auth, limits
+from localplane import checkpoints as ckpt
 from localplane.config import PlaneConfig, PlaneSettings
+from localplane.deployments import DeploymentService
 from localplane.errors import InvalidArgument, PermissionDenied, Unauthenticated
 from localplane.events import EventBus
 from localplane.gateway import Gateway
@@ -82,6 +86,7 @@ class Plane:
         )
         self.promotion = PromotionService(self.storage, self.data_dir, lambda: self.config)
         self.holds = Holds()
+        self.deployments = DeploymentService(self.storage, self.data_dir)
         self.api_key, self.admin_key = self._ensure_keys()
 
     # ------------------------------------------------------------ lifecycle
@@ -90,13 +95,34 @@ class Plane:
         await self.events.start()
         await self.jobs.start()
         await self.promotion.start()
+        self._sweeper = asyncio.get_running_loop().create_task(self._sweep_checkpoints())
 
     async def stop(self) -> None:
+        self._sweeper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._sweeper
         await self.jobs.stop()
         await self.promotion.stop()
+        self.deployments.close()
         await self.events.stop()
         await self.gateway.aclose()
         self.storage.close()
+
+    def sweep_checkpoints(self) -> int:
+        """Delete expired checkpoint segments from disk (readers already skip them)."""
+        changed = ckpt.sweep(self.data_dir)
+        if changed:
+            log.info("checkpoints.swept", changed=changed)
+        return changed
+
+    async def _sweep_checkpoints(self) -> None:
+        while True:
+            await asyncio.sleep(limits.CHECKPOINT_SWEEP_S)
+            try:
+                # A file walk: off the event loop (it touches no SQLite).
+                await asyncio.to_thread(self.sweep_checkpoints)
+            except Exception:  # a sweep must never stop the plane
+                log.exception("checkpoints.sweep_failed")
 
     # ----------------------------------------------------------------- keys
 

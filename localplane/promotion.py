@@ -26,6 +26,7 @@ from localplane.errors import (
     InvalidArgument,
     NotFound,
     describe_validation_error,
+    shorten,
 )
 from localplane.jobs import now_rfc3339
 from localplane.storage import Storage
@@ -85,12 +86,12 @@ class PromotionService:
             problems.append("output_model: is required, as accounts/<account>/models/<model>")
         elif not m:
             problems.append(
-                f"output_model: {req.output_model!r} must be accounts/<account>/models/<model>"
+                f"output_model: {shorten(req.output_model)!r} must be accounts/<account>/models/<model>"
             )
         elif m["account"] != account:
             problems.append(f"output_model: must be a model of account {account}")
         elif p := rules.check_resource_id(m["model"]):
-            problems.append(f"output_model: model id {m['model']!r} {p}")
+            problems.append(f"output_model: model id {shorten(m['model'])!r} {p}")
         else:
             model_id = m["model"]
         job_id = req.trainer_job_id
@@ -104,7 +105,7 @@ class PromotionService:
                 problems.append(f"trainer_job_id: must be a job of account {account}")
             job_id = jm["job"]
         if p := rules.check_checkpoint_id(checkpoint_id):
-            problems.append(f"checkpoint: {checkpoint_id!r} {p}")
+            problems.append(f"checkpoint: {shorten(checkpoint_id)!r} {p}")
         if problems:
             raise InvalidArgument("; ".join(problems))
 
@@ -118,12 +119,12 @@ class PromotionService:
             )
         if not meta.promotable:
             raise FailedPrecondition(
-                f"checkpoint {meta.name} is not promotable ({meta.checkpoint_type}): it holds "
+                f"checkpoint {meta.resource_name} is not promotable ({meta.checkpoint_type}): it holds "
                 "training state; promote a checkpoint saved with save_weights_for_sampler"
             )
         if req.base_model and req.base_model != meta.base_model:
             raise InvalidArgument(
-                f"base_model: {req.base_model!r} does not match the checkpoint's base model {meta.base_model!r}"
+                f"base_model: {shorten(req.base_model)!r} does not match the checkpoint's base model {meta.base_model!r}"
             )
 
         model: dict[str, Any] = {
@@ -131,7 +132,7 @@ class PromotionService:
             "state": "UPLOADING",
             "kind": "HF_PEFT_ADDON" if meta.lora_rank else "HF_BASE_MODEL",
             "baseModel": meta.base_model,
-            "checkpoint": meta.name,
+            "checkpoint": meta.resource_name,
             "createTime": now_rfc3339(),
             "stepCount": meta.step,
             "weightsDigest": meta.digest,
@@ -146,7 +147,7 @@ class PromotionService:
             raise AlreadyExists(f"model accounts/{account}/models/{model_id} already exists")
         op_id = f"promote-{secrets.token_hex(6)}"
         self.storage.insert_operation(
-            account, op_id, model_id, {"checkpoint": meta.name}, model["createTime"]
+            account, op_id, model_id, {"checkpoint": meta.resource_name}, model["createTime"]
         )
         delay = self._config().promotion_seconds if req.async_promotion else 0.0
         if delay > 0:

@@ -75,6 +75,13 @@ CREATE TABLE IF NOT EXISTS settings (
     key TEXT PRIMARY KEY,
     value TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS deployments (
+    account_id TEXT NOT NULL,
+    deployment_id TEXT NOT NULL,
+    payload TEXT NOT NULL,       -- the deployment as the control plane shows it (JSON)
+    create_time TEXT NOT NULL,
+    PRIMARY KEY (account_id, deployment_id)
+);
 CREATE TABLE IF NOT EXISTS webhooks (
     id TEXT PRIMARY KEY,
     account_id TEXT,             -- NULL: every account
@@ -228,6 +235,15 @@ class Storage:
         rows = self.db.execute("SELECT * FROM jobs WHERE job_id = ?", (job_id,))
         return [JobRecord.from_row(r) for r in rows]
 
+    def jobs_linked_to(self, account_id: str, deployment_id: str) -> list[JobRecord]:
+        """The account's trainer jobs created with ``hotLoadDeploymentId``, newest first."""
+        rows = self.db.execute(
+            "SELECT * FROM jobs WHERE account_id = ? AND json_extract(spec, '$.hotLoadDeploymentId') = ?"
+            " ORDER BY create_time DESC, job_id DESC",
+            (account_id, deployment_id),
+        )
+        return [JobRecord.from_row(r) for r in rows]
+
     def list_jobs(self, account_id: str, offset: int, limit: int) -> list[JobRecord]:
         rows = self.db.execute(
             "SELECT * FROM jobs WHERE account_id = ? ORDER BY create_time, job_id LIMIT ? OFFSET ?",
@@ -278,6 +294,42 @@ class Storage:
             "DELETE FROM models WHERE account_id = ? AND model_id = ?", (account_id, model_id)
         )
         return cur.rowcount == 1
+
+    # ---------------------------------------------------------- deployments
+
+    def get_deployment(self, account_id: str, deployment_id: str) -> dict[str, Any] | None:
+        row = self.db.execute(
+            "SELECT payload FROM deployments WHERE account_id = ? AND deployment_id = ?",
+            (account_id, deployment_id),
+        ).fetchone()
+        return json.loads(row["payload"]) if row else None
+
+    def put_deployment(
+        self, account_id: str, deployment_id: str, payload: dict[str, Any], *, create: bool
+    ) -> bool:
+        """Insert (``create``: False if the id is taken) or replace a deployment."""
+        verb = "INSERT OR IGNORE" if create else "INSERT OR REPLACE"
+        cur = self.db.execute(
+            f"{verb} INTO deployments(account_id, deployment_id, payload, create_time)"
+            " VALUES (?, ?, ?, ?)",
+            (account_id, deployment_id, json.dumps(payload), payload.get("createTime", "")),
+        )
+        return cur.rowcount == 1
+
+    def delete_deployment(self, account_id: str, deployment_id: str) -> bool:
+        cur = self.db.execute(
+            "DELETE FROM deployments WHERE account_id = ? AND deployment_id = ?",
+            (account_id, deployment_id),
+        )
+        return cur.rowcount == 1
+
+    def list_deployments(self, account_id: str, offset: int, limit: int) -> list[dict[str, Any]]:
+        rows = self.db.execute(
+            "SELECT payload FROM deployments WHERE account_id = ?"
+            " ORDER BY create_time, deployment_id LIMIT ? OFFSET ?",
+            (account_id, limit, offset),
+        )
+        return [json.loads(r["payload"]) for r in rows]
 
     # ---------------------------------------------------------- operations
 

@@ -18,6 +18,7 @@ from localplane.errors import (
     InvalidArgument,
     PermissionDenied,
     describe_validation_error,
+    shorten,
 )
 from shepherd.platform import rules
 
@@ -129,7 +130,7 @@ def validate_create(query: dict[str, str], body: Any, account: str) -> ValidCrea
 
     job_id = query.get("rlorTrainerJobId") or None
     if job_id is not None and (p := rules.check_resource_id(job_id)):
-        problems.append(f"rlorTrainerJobId: {job_id!r} {p}")
+        problems.append(f"rlorTrainerJobId: {shorten(job_id)!r} {p}")
 
     skip_raw = query.get("skipValidations", "false").lower()
     if skip_raw not in ("true", "false", "1", "0"):
@@ -138,14 +139,14 @@ def validate_create(query: dict[str, str], body: Any, account: str) -> ValidCrea
 
     deployment_id = query.get("deploymentId") or None
     if deployment_id is not None and (p := rules.check_resource_id(deployment_id)):
-        problems.append(f"deploymentId: {deployment_id!r} {p}")
+        problems.append(f"deploymentId: {shorten(deployment_id)!r} {p}")
 
     shape: catalog.ShapeVersion | None = None
     shape_ref = query.get("trainingShape") or None
     if shape_ref is not None:
         m = rules.SHAPE_REF_RE.match(shape_ref)
         if not m:
-            problems.append(f"trainingShape: {shape_ref!r} {rules.SHAPE_REF_RULE}")
+            problems.append(f"trainingShape: {shorten(shape_ref)!r} {rules.SHAPE_REF_RULE}")
         elif m["version"]:
             shape = catalog.get(m["account"], m["shape"], m["version"])
             if shape is None:
@@ -170,6 +171,11 @@ def validate_create(query: dict[str, str], body: Any, account: str) -> ValidCrea
     tc = req.training_config
     if p := rules.check_base_model(tc.base_model):
         problems.append(f"trainingConfig.baseModel: {p}")
+    elif refused := catalog.check_servable(tc.base_model, account):
+        code, rule = refused
+        if code == 403:
+            raise PermissionDenied(f"trainingConfig.baseModel: {rule}")
+        problems.append(f"trainingConfig.baseModel: {shorten(tc.base_model)} {rule}")
     if p := rules.check_lora_rank(tc.lora_rank):
         problems.append(f"trainingConfig.loraRank: {p}")
     if not math.isfinite(tc.learning_rate) or tc.learning_rate < 0:

@@ -373,6 +373,15 @@ class PoliciesSpec(SpecModel):
                 raise _located(name, "must be positive")
         if self.poll_interval < timedelta(seconds=1):
             raise _located("poll_interval", "must be at least 1s")
+        if self.route_race_window > timedelta(seconds=rules.ROUTE_RACE_WINDOW_MAX_S):
+            # A trainer holds later seq_ids only this long while the missing one is retried;
+            # a longer window would break the model before the retry arrives.
+            raise _located(
+                "route_race_window",
+                f"must be at most {rules.ROUTE_RACE_WINDOW_MAX_S:g}s: a trainer holds later "
+                f"operations {rules.SEQ_GAP_HOLD_S:g}s while an earlier one is retried, and a "
+                f"retry needs {rules.ROUTE_RACE_RETRY_MARGIN_S:g}s beyond the window",
+            )
         return self
 
 

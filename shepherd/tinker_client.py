@@ -264,10 +264,14 @@ class TrainingClient:
         self, optim_params: Any = None, *, adam_params: Any = None
     ) -> APIFuture[types.OptimStepResponse]:
         params = params_json(optim_params if optim_params is not None else adam_params)
-        params.pop("type", None)
+        # The optimizer family travels with its parameters, as tinker's OptimStepRequest sends
+        # it: a trainer that cannot run it refuses it rather than silently running Adam.
+        field = (
+            "adam_params" if params.get("type") in (None, "adam", "adamw") else "optimizer_params"
+        )
         return self._sequenced(
             "optim_step",
-            {"adam_params": params},
+            {field: params},
             lambda raw: types.OptimStepResponse(metrics=raw.get("metrics")),
         )
 

@@ -18,7 +18,7 @@ import setproctitle  # noqa: E402
 import structlog  # noqa: E402
 
 from localplane.errors import PlaneError  # noqa: E402
-from localplane.trainer.core import TrainerConfig  # noqa: E402
+from localplane.trainer.config import TrainerConfig  # noqa: E402
 from localplane.trainer.server import serve  # noqa: E402
 from shepherd.logging import configure_logging  # noqa: E402
 

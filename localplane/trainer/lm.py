@@ -20,6 +20,7 @@ save/restore.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from collections.abc import Mapping, Sequence
@@ -28,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from localplane.trainer import losses
 from localplane.trainer.tokenizer import (
     EOS,
     EOS_TEXT,
@@ -40,7 +42,6 @@ from localplane.trainer.tokenizer import (
 __all__ = [
     "EOS",
     "EOS_TEXT",
-    "LOSS_FNS",
     "VOCAB_SIZE",
     "Adam",
     "CausalLM",
@@ -49,9 +50,6 @@ __all__ = [
     "encode",
     "write_tokenizer_dir",
 ]
-
-LOSS_FNS = ("cross_entropy", "importance_sampling", "ppo")
-PPO_CLIP_DEFAULTS = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
 
 # Positions per block of the batched forward/backward: bounds memory (a block's logits are
 # CHUNK x 257 float64, ~8 MB) whatever a client sends, and fixes the summation order.
@@ -72,6 +70,16 @@ class LMConfig:
     context: int = 8
     embed: int = 32
     hidden: int = 128
+    #: LoRA targets (Tinker's LoraConfig flags): the hidden layer is the model's MLP, the
+    #: output matrix its unembedding. It has no attention, so train_attn has nothing to adapt.
+    train_mlp: bool = True
+    train_unembed: bool = True
+    #: LoRA's alpha: adapters add (alpha / rank) * A @ B (None: scale 1, alpha = rank).
+    lora_alpha: float | None = None
+
+    @property
+    def lora_scale(self) -> float:
+        return self.lora_alpha / self.lora_rank if self.lora_alpha and self.lora_rank else 1.0
 
     def __post_init__(self) -> None:
         for name in ("context", "embed", "hidden"):
@@ -79,10 +87,21 @@ class LMConfig:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.lora_rank < 0:
             raise ValueError(f"lora_rank must be 0 or positive, got {self.lora_rank}")
+        if self.lora_rank and not (self.train_mlp or self.train_unembed):
+            raise ValueError("a LoRA model needs train_mlp or train_unembed: nothing to train")
+
+    @property
+    def adapted(self) -> tuple[str, ...]:
+        """The weight matrices a LoRA model adapts."""
+        if not self.lora_rank:
+            return ()
+        return tuple(m for m, on in (("w1", self.train_mlp), ("w2", self.train_unembed)) if on)
 
     @property
     def stand_in(self) -> str:
         mode = f"lora-r{self.lora_rank}" if self.lora_rank else "full"
+        if self.lora_rank and self.adapted != ("w1", "w2"):
+            mode += "-" + "+".join({"w1": "mlp", "w2": "unembed"}[m] for m in self.adapted)
         return f"localplane/byte-lm-c{self.context}-e{self.embed}-h{self.hidden}-{mode}"
 
     def fingerprint(self) -> dict[str, Any]:
@@ -96,6 +115,38 @@ class LMConfig:
             "stand_in": self.stand_in,
         }
 
+    def n_parameters(self) -> int:
+        """Trainable parameters (without building the model)."""
+        c, e, h, v, r = self.context, self.embed, self.hidden, VOCAB_SIZE, self.lora_rank
+        if not r:
+            return v * e + c * e * h + h + h * v + v
+        sizes = {"w1": r * (c * e + h), "w2": r * (h + v)}
+        return sum(sizes[m] for m in self.adapted)
+
+    def n_frozen(self) -> int:
+        c, e, h, v = self.context, self.embed, self.hidden, VOCAB_SIZE
+        return (v * e + c * e * h + h + h * v + v) if self.lora_rank else 0
+
+
+@functools.lru_cache(maxsize=4)
+def _base_weights(base_model: str, c: int, e: int, h: int) -> dict[str, np.ndarray]:
+    """The frozen "pretrained" weights of a base model: a function of its name, computed once
+    per process and shared, read-only, by every model and sampler built on it."""
+    v = VOCAB_SIZE
+    rng = np.random.default_rng(stable_seed("localplane-lm/base", base_model, c, e, h))
+    # Scales keep the hidden pre-activations near unit variance: tanh neither saturated
+    # nor linear, and the base model's next-token distribution is broad but not uniform.
+    base = {
+        "embed": rng.normal(0.0, 1.0, size=(v, e)),
+        "w1": rng.normal(0.0, 1.0 / math.sqrt(c * e), size=(c * e, h)),
+        "b1": rng.normal(0.0, 0.1, size=h),
+        "w2": rng.normal(0.0, 1.0 / math.sqrt(h), size=(h, v)),
+        "b2": rng.normal(0.0, 0.1, size=v),
+    }
+    for arr in base.values():
+        arr.flags.writeable = False
+    return base
+
 
 class CausalLM:
     """The model: frozen base weights plus the trainable ``params`` (all, or the adapters)."""
@@ -103,43 +154,36 @@ class CausalLM:
     def __init__(self, cfg: LMConfig, seed: int = 0) -> None:
         self.cfg = cfg
         c, e, h, v = cfg.context, cfg.embed, cfg.hidden, VOCAB_SIZE
-        rng = np.random.default_rng(stable_seed("localplane-lm/base", cfg.base_model, c, e, h))
-        # Scales keep the hidden pre-activations near unit variance: tanh neither saturated
-        # nor linear, and the base model's next-token distribution is broad but not uniform.
-        base = {
-            "embed": rng.normal(0.0, 1.0, size=(v, e)),
-            "w1": rng.normal(0.0, 1.0 / math.sqrt(c * e), size=(c * e, h)),
-            "b1": rng.normal(0.0, 0.1, size=h),
-            "w2": rng.normal(0.0, 1.0 / math.sqrt(h), size=(h, v)),
-            "b2": rng.normal(0.0, 0.1, size=v),
-        }
+        base = _base_weights(cfg.base_model, c, e, h)
         r = cfg.lora_rank
         if r:
             self.base = base
             arng = np.random.default_rng(stable_seed("localplane-lm/adapter", seed, r))
-            self.params: dict[str, np.ndarray] = {
+            # Drawn in a fixed order whatever is adapted, so a target's adapter is the same
+            # with or without the other one.
+            adapters = {
                 "w1_lora_a": arng.normal(0.0, 1.0 / math.sqrt(c * e), size=(c * e, r)),
                 "w1_lora_b": np.zeros((r, h)),
                 "w2_lora_a": arng.normal(0.0, 1.0 / math.sqrt(h), size=(h, r)),
                 "w2_lora_b": np.zeros((r, v)),
             }
+            self.params: dict[str, np.ndarray] = {
+                name: arr for name, arr in adapters.items() if name[:2] in cfg.adapted
+            }
         else:
             self.base = {}
-            self.params = base
+            self.params = {name: arr.copy() for name, arr in base.items()}
 
     # ------------------------------------------------------------------ weights
 
     def _weights(self) -> dict[str, np.ndarray]:
         if not self.cfg.lora_rank:
             return self.params
-        p, b = self.params, self.base
-        return {
-            "embed": b["embed"],
-            "w1": b["w1"] + p["w1_lora_a"] @ p["w1_lora_b"],
-            "b1": b["b1"],
-            "w2": b["w2"] + p["w2_lora_a"] @ p["w2_lora_b"],
-            "b2": b["b2"],
-        }
+        p, w = self.params, dict(self.base)
+        scale = self.cfg.lora_scale
+        for m in self.cfg.adapted:
+            w[m] = w[m] + scale * (p[f"{m}_lora_a"] @ p[f"{m}_lora_b"])
+        return w
 
     def digest(self) -> str:
         """sha256 over the trainable parameters in name order: bit-exact identity."""
@@ -190,97 +234,108 @@ class CausalLM:
         loss_fn_config: Mapping[str, Any] | None = None,
         *,
         backward: bool = True,
+        frozen: np.ndarray | None = None,
     ) -> tuple[list[dict[str, np.ndarray]], dict[str, float], dict[str, np.ndarray] | None]:
         """Per-datum outputs, metrics, and the gradients of the summed loss (or None).
 
         Position ``i`` of a datum predicts ``target_tokens[i]`` from input tokens ``[: i+1]``.
         The loss is the sum over datums and positions (no mean), as Tinker defines it; the
-        caller accumulates gradients across calls until the optimizer step.
+        caller accumulates gradients across calls until the optimizer step. ``frozen``
+        (every position's log-probability, concatenated) is where the loss evaluates its
+        stop-gradient terms; by default this forward pass's own (see :mod:`losses`).
+        Raises :class:`~localplane.trainer.losses.LossError` (a ValueError) naming the field.
         """
-        if loss_fn not in LOSS_FNS:
-            raise ValueError(f"loss_fn {loss_fn!r} is not supported; supported: {list(LOSS_FNS)}")
+        spec = losses.spec(loss_fn)
         if not datums:
-            raise ValueError("forward_backward needs at least one datum")
-        config = dict(loss_fn_config or {})
-        clip = _ppo_clip(config) if loss_fn == "ppo" else None
-        tokens, inputs = _check_datums(datums, loss_fn, clip)
-        lengths = [len(t) for t in tokens]
-        all_tokens = np.concatenate(tokens)
+            raise losses.LossError("forward_backward needs at least one datum")
+        cfg = losses.config(spec, loss_fn_config)
+        tokens, targets = _check_datums(datums)
+        b = losses.batch(spec, targets, [raw for _, raw in datums], cfg)
         ctx = np.concatenate([self._contexts(t) for t in tokens])
-        target = np.concatenate([i["target_tokens"] for i in inputs])
-        fields = {
-            name: np.concatenate([i[name] for i in inputs])
-            for name in inputs[0]
-            if name != "target_tokens"
-        }
+        target = np.concatenate(targets)
         w = self._weights()
-        grads_w = _zero_grads(w, full=not self.cfg.lora_rank) if backward else None
-        n = len(all_tokens)
-        logp = np.empty(n)
-        elementwise = np.empty(n)
-        for start in range(0, n, CHUNK):
-            sl = slice(start, min(start + CHUNK, n))
-            x, hid, logits = self._logits(w, ctx[sl])
-            rows = np.arange(sl.stop - sl.start)
-            shifted = logits - logits.max(axis=1, keepdims=True)
-            expd = np.exp(shifted)
-            total = expd.sum(axis=1)
-            lp = shifted[rows, target[sl]] - np.log(total)
-            loss, dloss_dlp = _loss(loss_fn, lp, {k: f[sl] for k, f in fields.items()})
-            logp[sl] = lp
-            elementwise[sl] = loss
-            if grads_w is None:
-                continue
-            # d(sum loss)/d logits = g * (onehot(target) - softmax), g = dloss/dlogp per row.
-            d_logits = expd * (-dloss_dlp / total)[:, None]
-            d_logits[rows, target[sl]] += dloss_dlp
-            grads_w["w2"] += hid.T @ d_logits
-            d_hid = (d_logits @ w["w2"].T) * (1.0 - hid * hid)
-            grads_w["w1"] += x.T @ d_hid
-            if "embed" in grads_w:
-                grads_w["b2"] += d_logits.sum(axis=0)
-                grads_w["b1"] += d_hid.sum(axis=0)
-                d_x = (d_hid @ w["w1"].T).reshape(-1, self.cfg.embed)
-                _scatter_add_rows(grads_w["embed"], ctx[sl].reshape(-1), d_x)
-        outputs = []
-        offset = 0
-        for length in lengths:
-            sl = slice(offset, offset + length)
-            outputs.append(
-                {
-                    "logprobs": logp[sl].astype(np.float32),
-                    "elementwise_loss": elementwise[sl].astype(np.float32),
-                }
-            )
-            offset += length
-        metrics = {"loss:sum": float(elementwise.sum())}
+        n = len(target)
+        # Pass 1: every position's log-probability (GSPO needs a datum's all before any loss).
+        logp = self._target_logprobs(w, ctx, target)
+        if frozen is not None and frozen.shape != logp.shape:
+            raise ValueError(f"frozen has shape {frozen.shape}, expected {logp.shape}")
+        elementwise, dloss_dlp, metrics = losses.evaluate(spec, logp, b, frozen)
+        grads_w = None
+        if backward:
+            # Pass 2: recompute each block's activations (cheaper than keeping them all) and
+            # backpropagate d loss / d lp. Blocks are summed in a fixed order: reproducible.
+            grads_w = _zero_grads(w, full=not self.cfg.lora_rank)
+            for sl in _blocks(n):
+                x, hid, logits = self._logits(w, ctx[sl])
+                rows = np.arange(sl.stop - sl.start)
+                shifted = logits - logits.max(axis=1, keepdims=True)
+                expd = np.exp(shifted)
+                total = expd.sum(axis=1)
+                g = dloss_dlp[sl]
+                # d(sum loss)/d logits = g * (onehot(target) - softmax) per row.
+                d_logits = expd * (-g / total)[:, None]
+                d_logits[rows, target[sl]] += g
+                grads_w["w2"] += hid.T @ d_logits
+                d_hid = (d_logits @ w["w2"].T) * (1.0 - hid * hid)
+                grads_w["w1"] += x.T @ d_hid
+                if "embed" in grads_w:
+                    grads_w["b2"] += d_logits.sum(axis=0)
+                    grads_w["b1"] += d_hid.sum(axis=0)
+                    d_x = (d_hid @ w["w1"].T).reshape(-1, self.cfg.embed)
+                    _scatter_add_rows(grads_w["embed"], ctx[sl].reshape(-1), d_x)
+        outputs = [
+            {
+                "logprobs": logp[seg].astype(np.float32),
+                "elementwise_loss": elementwise[seg].astype(np.float32),
+            }
+            for seg in b.segments()
+        ]
         if grads_w is None:
             return outputs, metrics, None
         return outputs, metrics, self._param_grads(grads_w)
+
+    def _target_logprobs(
+        self, w: dict[str, np.ndarray], ctx: np.ndarray, target: np.ndarray
+    ) -> np.ndarray:
+        logp = np.empty(len(target))
+        for sl in _blocks(len(target)):
+            _, _, logits = self._logits(w, ctx[sl])
+            logp[sl] = _log_softmax(logits)[np.arange(sl.stop - sl.start), target[sl]]
+        return logp
+
+    def target_logprobs(self, datums: Sequence[Datum]) -> np.ndarray:
+        """Every datum position's float64 log-probability of its target, concatenated: the
+        values a loss sees (``frozen`` for :meth:`forward_backward`)."""
+        tokens, targets = _check_datums(datums)
+        ctx = np.concatenate([self._contexts(t) for t in tokens])
+        return self._target_logprobs(self._weights(), ctx, np.concatenate(targets))
 
     def _param_grads(self, grads_w: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if not self.cfg.lora_rank:
             return grads_w
         p = self.params
-        # W = W0 + A @ B  =>  dA = dW @ B^T, dB = A^T @ dW.
-        return {
-            "w1_lora_a": grads_w["w1"] @ p["w1_lora_b"].T,
-            "w1_lora_b": p["w1_lora_a"].T @ grads_w["w1"],
-            "w2_lora_a": grads_w["w2"] @ p["w2_lora_b"].T,
-            "w2_lora_b": p["w2_lora_a"].T @ grads_w["w2"],
-        }
+        out = {}
+        # W = W0 + s A @ B  =>  dA = s dW @ B^T, dB = s A^T @ dW.
+        s = self.cfg.lora_scale
+        for m in self.cfg.adapted:
+            out[f"{m}_lora_a"] = s * (grads_w[m] @ p[f"{m}_lora_b"].T)
+            out[f"{m}_lora_b"] = s * (p[f"{m}_lora_a"].T @ grads_w[m])
+        return out
 
-    def prompt_logprobs(self, tokens: Sequence[int]) -> list[float | None]:
-        """log p(tokens[i] | tokens[:i]) for every position; the first has no context: None."""
+    def prompt_logprobs(
+        self, tokens: Sequence[int], last_n: int | None = None
+    ) -> list[float | None]:
+        """log p(tokens[i] | tokens[:i]) for every position; the first has no context: None.
+        With ``last_n`` only the last ``last_n`` positions are scored, the others None."""
         toks = _as_tokens(tokens, "tokens")
         if len(toks) < 2:
             return [None] * len(toks)
+        first = 1 if last_n is None else max(1, len(toks) - last_n)
         w = self._weights()
-        out: list[float | None] = [None]
-        ctx = self._contexts(toks[:-1])
-        target = toks[1:]
-        for start in range(0, len(target), CHUNK):
-            sl = slice(start, min(start + CHUNK, len(target)))
+        out: list[float | None] = [None] * first
+        ctx = self._contexts(toks[:-1])[first - 1 :]
+        target = toks[first:]
+        for sl in _blocks(len(target)):
             _, _, logits = self._logits(w, ctx[sl])
             lp = _log_softmax(logits)[np.arange(sl.stop - sl.start), target[sl]]
             out.extend(float(v) for v in lp)
@@ -298,6 +353,7 @@ class CausalLM:
         seed: int,
     ) -> tuple[list[int], list[float], str]:
         """Generate up to ``max_tokens`` tokens after ``prompt``: (tokens, logprobs, reason).
+        (:meth:`sample_detailed` also gives the sampling distribution's log-probabilities.)
 
         ``logprobs`` are the sampled tokens' log-probabilities under the model itself
         (temperature 1, no top-k/top-p), which is what Tinker's sampler reports. Stopping
@@ -306,6 +362,31 @@ class CausalLM:
         EOS. The stop token(s) are part of the returned tokens; ``reason`` is ``"stop"`` then,
         ``"length"`` when ``max_tokens`` ran out. The same arguments give the same result.
         """
+        tokens, logprobs, reason, _ = self.sample_detailed(
+            prompt,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            stop=stop,
+            seed=seed,
+        )
+        return tokens, logprobs, reason
+
+    def sample_detailed(
+        self,
+        prompt: Sequence[int],
+        *,
+        max_tokens: int,
+        temperature: float = 1.0,
+        top_k: int = -1,
+        top_p: float = 1.0,
+        stop: Sequence[Sequence[int]] | None = None,
+        seed: int,
+    ) -> tuple[list[int], list[float], str, list[float]]:
+        """:meth:`sample`, plus each token's log-probability under the distribution it was
+        drawn from (after temperature, top-k and top-p: 0 for a greedy pick) — what a serving
+        deployment reports as ``sampling_logprob``."""
         toks = _as_tokens(prompt, "prompt")
         if max_tokens < 0:
             raise ValueError(f"max_tokens must be 0 or more, got {max_tokens}")
@@ -324,17 +405,19 @@ class CausalLM:
         window = [EOS] * c + [int(t) for t in toks[-c:]]
         out: list[int] = []
         logprobs: list[float] = []
+        sampling: list[float] = []
         for _ in range(max_tokens):
             ctx = np.asarray(window[-c:], dtype=np.int64)[None, :]
             _, _, logits = self._logits(w, ctx)
             logits = logits[0]
-            token = _choose(logits, temperature, top_k, top_p, rng)
+            token, chosen = _choose(logits, temperature, top_k, top_p, rng)
             out.append(token)
             logprobs.append(float(_log_softmax(logits[None, :])[0, token]))
+            sampling.append(math.log(chosen))
             window.append(token)
             if any(out[-len(s) :] == s for s in stops if len(s) <= len(out)):
-                return out, logprobs, "stop"
-        return out, logprobs, "length"
+                return out, logprobs, "stop", sampling
+        return out, logprobs, "length", sampling
 
 
 class Adam:
@@ -361,11 +444,18 @@ class Adam:
         weight_decay: float = 0.0,
         grad_clip_norm: float = 0.0,
     ) -> dict[str, float]:
-        """One step, updating ``params`` in place; missing gradients count as zero."""
+        """One step, updating ``params`` in place.
+
+        A parameter without a gradient (``grads`` None: no forward_backward since the last
+        step) is not touched — no moment decay, no weight decay, no step count — as
+        ``torch.optim.AdamW`` skips parameters whose ``.grad`` is None."""
         if set(params) != set(self.m):
             raise ValueError(
                 f"optimizer state is for {sorted(self.m)}, parameters are {sorted(params)}"
             )
+        if grads is not None and set(grads) != set(params):
+            # The model produces all of its gradients or none; a partial set is a bug.
+            raise ValueError(f"gradients for {sorted(grads)}, parameters are {sorted(params)}")
         for name, value in (
             ("learning_rate", learning_rate),
             ("beta1", beta1),
@@ -378,11 +468,18 @@ class Adam:
                 raise ValueError(f"adam_params.{name} must be a finite number >= 0, got {value}")
         if beta1 >= 1 or beta2 >= 1:
             raise ValueError(f"adam_params.beta1/beta2 must be < 1, got {beta1}, {beta2}")
+        if grads is None:
+            return {
+                "grad_norm:mean": 0.0,
+                "grad_norm_clipped:mean": 0.0,
+                "learning_rate:mean": float(learning_rate),
+                "step:max": float(self.t),
+                "skipped_no_gradient:sum": 1.0,
+            }
         names = sorted(params)
         g = {}
         for name in names:
-            grad = (grads or {}).get(name)
-            g[name] = np.zeros_like(params[name]) if grad is None else np.asarray(grad)
+            g[name] = np.asarray(grads[name])
             if g[name].shape != params[name].shape:
                 raise ValueError(
                     f"gradient {name} has shape {g[name].shape}, expected {params[name].shape}"
@@ -480,132 +577,49 @@ def _as_tokens(tokens: Any, field: str) -> np.ndarray:
     return arr
 
 
-def _float_field(
-    inputs: Mapping[str, np.ndarray], name: str, length: int, where: str, *, default=None
-) -> np.ndarray:
-    if name not in inputs:
-        if default is None:
-            raise ValueError(f"{where}: loss_fn_inputs is missing {name!r}")
-        return np.full(length, default, dtype=np.float64)
-    arr = np.asarray(inputs[name])
-    if arr.dtype.kind not in "fiu":
-        raise ValueError(f"{where}: loss_fn_inputs[{name!r}] must be numeric, got {arr.dtype}")
-    arr = arr.astype(np.float64)
-    if arr.shape != (length,):
-        raise ValueError(
-            f"{where}: loss_fn_inputs[{name!r}] has shape {list(arr.shape)}, "
-            f"expected [{length}] (one value per input token)"
-        )
-    if not np.all(np.isfinite(arr)):
-        raise ValueError(f"{where}: loss_fn_inputs[{name!r}] has non-finite values")
-    return arr
+def _blocks(n: int) -> list[slice]:
+    return [slice(start, min(start + CHUNK, n)) for start in range(0, n, CHUNK)]
 
 
-def _check_datums(
-    datums: Sequence[Datum], loss_fn: str, clip: tuple[float, float] | None
-) -> tuple[list[np.ndarray], list[dict[str, np.ndarray]]]:
+def _check_datums(datums: Sequence[Datum]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Each datum's input tokens and target tokens, checked (one target per position)."""
     tokens: list[np.ndarray] = []
-    inputs: list[dict[str, np.ndarray]] = []
+    targets: list[np.ndarray] = []
     for index, (raw_tokens, raw_inputs) in enumerate(datums):
         where = f"datum {index}"
         toks = _as_tokens(raw_tokens, f"{where}: model_input")
         if len(toks) == 0:
-            raise ValueError(f"{where}: model_input has no tokens")
-        t = len(toks)
+            raise losses.LossError(f"{where}: model_input has no tokens")
         if "target_tokens" not in raw_inputs:
-            raise ValueError(f"{where}: loss_fn_inputs is missing 'target_tokens'")
+            raise losses.LossError(f"{where}: loss_fn_inputs is missing 'target_tokens'")
+        shape = np.shape(raw_inputs["target_tokens"])
+        if len(shape) == 2:
+            raise losses.LossError(
+                f"{where}: loss_fn_inputs['target_tokens'] has shape {list(shape)}: several "
+                "targets per position (a [N, K] tensor) are not supported; send one per position"
+            )
         target = _as_tokens(
             raw_inputs["target_tokens"], f"{where}: loss_fn_inputs['target_tokens']"
         )
-        if target.shape != (t,):
-            raise ValueError(
-                f"{where}: loss_fn_inputs['target_tokens'] has shape "
-                f"{list(np.shape(raw_inputs['target_tokens']))}, expected [{t}] "
-                "(one target per input token)"
+        if target.shape != toks.shape:
+            raise losses.LossError(
+                f"{where}: loss_fn_inputs['target_tokens'] has shape {list(shape)}, "
+                f"expected [{len(toks)}] (one target per input token)"
             )
-        fields = {"target_tokens": target}
-        if loss_fn == "cross_entropy":
-            # Tinker's own examples send cross_entropy without weights: all ones then.
-            fields["weights"] = _float_field(raw_inputs, "weights", t, where, default=1.0)
-        else:
-            fields["logprobs"] = _float_field(raw_inputs, "logprobs", t, where)
-            fields["advantages"] = _float_field(raw_inputs, "advantages", t, where)
-        if loss_fn == "ppo":
-            assert clip is not None
-            for name, fallback in zip(
-                ("clip_low_threshold", "clip_high_threshold"), clip, strict=True
-            ):
-                fields[name] = _clip_field(raw_inputs, name, t, where, fallback)
-            if np.any(fields["clip_low_threshold"] > fields["clip_high_threshold"]):
-                raise ValueError(f"{where}: clip_low_threshold exceeds clip_high_threshold")
         tokens.append(toks)
-        inputs.append(fields)
-    return tokens, inputs
-
-
-def _clip_field(
-    inputs: Mapping[str, np.ndarray], name: str, length: int, where: str, fallback: float
-) -> np.ndarray:
-    # Tinker also accepts the thresholds per datum (loss_fn_inputs), as a scalar or per token.
-    if name not in inputs:
-        return np.full(length, fallback)
-    arr = np.asarray(inputs[name], dtype=np.float64)
-    if arr.size == 1:
-        arr = np.full(length, float(arr.reshape(-1)[0]))
-    if arr.shape != (length,) or not np.all(np.isfinite(arr)) or np.any(arr < 0):
-        raise ValueError(
-            f"{where}: loss_fn_inputs[{name!r}] must be one finite value >= 0 or one per token"
-        )
-    return arr
-
-
-def _ppo_clip(config: Mapping[str, Any]) -> tuple[float, float]:
-    values = []
-    for name in ("clip_low_threshold", "clip_high_threshold"):
-        raw = config.get(name, PPO_CLIP_DEFAULTS[name])
-        try:
-            value = float(raw)
-        except (TypeError, ValueError):
-            raise ValueError(f"loss_fn_config.{name} must be a number, got {raw!r}") from None
-        if not math.isfinite(value) or value < 0:
-            raise ValueError(f"loss_fn_config.{name} must be a finite number >= 0, got {raw!r}")
-        values.append(value)
-    if values[0] > values[1]:
-        raise ValueError("loss_fn_config.clip_low_threshold exceeds clip_high_threshold")
-    return values[0], values[1]
-
-
-def _loss(
-    loss_fn: str, logp: np.ndarray, fields: Mapping[str, np.ndarray]
-) -> tuple[np.ndarray, np.ndarray]:
-    """Per-token loss and its derivative with respect to the token's log-probability."""
-    if loss_fn == "cross_entropy":
-        w = fields["weights"]
-        return -w * logp, -w
-    adv = fields["advantages"]
-    ratio = np.exp(logp - fields["logprobs"])
-    if loss_fn == "importance_sampling":
-        # loss = -ratio * A; d ratio / d logp = ratio.
-        return -ratio * adv, -ratio * adv
-    # PPO: -min(ratio * A, clip(ratio) * A), token by token. Where the clipped term is the
-    # smaller one it is constant in logp, so no gradient flows; on a tie (ratio inside the
-    # clip range) the unclipped term carries it.
-    clipped = np.clip(ratio, fields["clip_low_threshold"], fields["clip_high_threshold"])
-    unclipped_obj = ratio * adv
-    clipped_obj = clipped * adv
-    use_unclipped = unclipped_obj <= clipped_obj
-    loss = -np.where(use_unclipped, unclipped_obj, clipped_obj)
-    return loss, np.where(use_unclipped, -unclipped_obj, 0.0)
+        targets.append(target)
+    return tokens, targets
 
 
 def _choose(
     logits: np.ndarray, temperature: float, top_k: int, top_p: float, rng: np.random.Generator
-) -> int:
+) -> tuple[int, float]:
+    """The drawn token and its probability under the distribution it was drawn from."""
     # The RNG is drawn exactly once per token whatever the settings, so a seed's stream of
     # draws does not depend on where a sequence stops.
     u = rng.random()
     if temperature == 0.0:
-        return int(np.argmax(logits))
+        return int(np.argmax(logits)), 1.0
     # Candidates by descending logit, ties by token id (stable sort): fully deterministic.
     order = np.argsort(-logits, kind="stable")
     if top_k > 0:
@@ -618,5 +632,5 @@ def _choose(
         keep = (np.cumsum(p) - p) < top_p
         order, p = order[keep], p[keep]
         p = p / p.sum()
-    index = int(np.searchsorted(np.cumsum(p), u, side="right"))
-    return int(order[min(index, len(order) - 1)])
+    index = min(int(np.searchsorted(np.cumsum(p), u, side="right")), len(order) - 1)
+    return int(order[index]), float(p[index])

@@ -1,12 +1,13 @@
-"""The HTTP face of one trainer process: the Tinker API (trainer-api.md §4).
+"""The HTTP face of one trainer process: the Tinker API (trainer-api.md §4, §7).
 
 One process per running job, like a pod: it binds its own port on loopback, announces it on
 stdout, serves until it is killed — or exits by itself with :data:`EXIT_IDLE` once nobody
 has called it for the job's inactivity timeout.
 
-Any path ending in ``api/v1/<op>`` is the operation ``<op>``, whatever prefix the gateway
-or a client puts before it. Bodies are decoded and results encoded by
-:mod:`localplane.trainer.dialects`, so JSON and protobuf clients share one service. Every
+Whatever prefix the gateway or a client puts before ``api/v1/``, the rest of the path is
+looked up in :mod:`localplane.trainer.routes` (one table, method and path). Bodies are
+bounded before they are read (413), decoded and results encoded by
+:mod:`shepherd.tinker_wire.dialects`, so JSON and protobuf clients share one service. Every
 answer names the operation and dialect in ``x-localplane-op`` / ``x-localplane-dialect``
 for the plane's request counters.
 """
@@ -19,7 +20,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -28,24 +29,28 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Route as StarletteRoute
 
+from localplane import limits
 from localplane.auth import api_key
-from localplane.errors import PlaneError, error_response
+from localplane.errors import PayloadTooLarge, PlaneError, UnknownEndpoint, error_response
 from localplane.serving import ReadyServer, bind
-from localplane.trainer import dialects
-from localplane.trainer.core import SEQUENCED, TrainerConfig, TrainerService
-from localplane.trainer.dialects import DIALECT_HEADER, OP_HEADER
+from localplane.trainer import routes
+from localplane.trainer.config import TrainerConfig
+from localplane.trainer.service import TrainerService
+from shepherd.tinker_wire import dialects
+from shepherd.tinker_wire.dialects import DIALECT_HEADER, OP_HEADER
+from shepherd.tinker_wire.errors import WireError
 
 #: Exit code of a trainer that stopped itself after the inactivity timeout.
 EXIT_IDLE = 75
 #: The line prefix a trainer prints on stdout once it serves; the plane waits for it.
 READY_PREFIX = "LOCALPLANE_TRAINER_READY "
 API_MARKER = "api/v1/"
+#: Methods the route table may declare (anything else is 405 on any known path).
+METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"]
 
 log = structlog.stdlib.get_logger("localplane.trainer")
-
-Handler = Callable[[TrainerService, dict[str, Any], str], Any]
 
 
 class _KeyRing:
@@ -77,51 +82,27 @@ class _KeyRing:
             self._hashes = frozenset(self.path.read_text().split())
 
 
-def _direct(fn: Callable[[TrainerService, dict[str, Any]], Any]) -> Handler:
-    return lambda svc, body, arg: fn(svc, body)
+async def read_bounded(request: Request, limit: int) -> bytes:
+    """The request body, refused with 413 as soon as it exceeds ``limit`` bytes — from its
+    Content-Length before reading anything, else while it streams in."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(
+            f"request body of {int(declared)} bytes exceeds this server's limit of {limit} bytes"
+        )
+    chunks = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body exceeds this server's limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
-#: POST operations: op -> handler(service, body, path argument). Sequenced ones submit.
-def _sequenced(op: str) -> Handler:
-    def handle(svc: TrainerService, body: dict[str, Any], arg: str) -> Any:
-        return svc.submit(op, body)
-
-    return handle
-
-
-_POST: dict[str, Handler] = {
-    "client/config": _direct(TrainerService.client_config),
-    "create_session": _direct(TrainerService.create_session),
-    "session_heartbeat": _direct(TrainerService.session_heartbeat),
-    "telemetry": lambda svc, body, arg: {"status": "accepted"},
-    "client/dynamic_config": lambda svc, body, arg: {},
-    "session_finish": lambda svc, body, arg: svc.finish_session(arg, body),
-    "create_model": _direct(TrainerService.create_model),
-    "get_info": _direct(TrainerService.get_info),
-    "weights_info": _direct(TrainerService.weights_info),
-    "create_sampling_session": _direct(TrainerService.create_sampling_session),
-    "asample": _direct(TrainerService.asample),
-    "list_checkpoints": lambda svc, body, arg: svc.list_checkpoints(),
-    **{op: _sequenced(op) for op in SEQUENCED},
-}
-_GET: dict[str, Handler] = {
-    "healthz": lambda svc, body, arg: {"status": "ok"},
-    "list_checkpoints": lambda svc, body, arg: svc.list_checkpoints(),
-    "get_sampler": lambda svc, body, arg: svc.get_sampler(arg),
-}
-
-
-def _operation(path: str) -> tuple[str, str]:
-    """``(op, argument)`` of a request path; ``("", "")`` when it is no Tinker endpoint."""
-    at = path.rfind(API_MARKER)
-    if at < 0:
-        return "", ""
-    op = path[at + len(API_MARKER) :].strip("/")
-    if op.startswith("sessions/") and op.endswith("/finish"):
-        return "session_finish", op.removeprefix("sessions/").removesuffix("/finish")
-    if op.startswith("samplers/"):
-        return "get_sampler", op.removeprefix("samplers/")
-    return op, ""
+def _path_of(url_path: str) -> str | None:
+    at = url_path.rfind(API_MARKER)
+    return None if at < 0 else url_path[at + len(API_MARKER) :].strip("/")
 
 
 def create_app(service: TrainerService) -> Starlette:
@@ -134,41 +115,48 @@ def create_app(service: TrainerService) -> Starlette:
         return response
 
     async def dispatch(request: Request) -> Response:
-        op, arg = _operation(request.url.path)
-        table = _GET if request.method == "GET" else _POST
-        if op not in table and not (op == "retrieve_future" and request.method == "POST"):
-            # No such endpoint is the one honest 404 a trainer gives (a client can tell it
-            # from a missing route by the message; the real SDKs tolerate it for optional calls).
-            return error_response(
-                404, "NOT_FOUND", f"no such endpoint: {request.method} {request.url.path}"
-            )
-        if not keys.allows(api_key(request.headers)):
-            return error_response(401, "UNAUTHENTICATED", "missing or unknown API key")
-        if op != "healthz":  # health probes do not keep a trainer alive; any real call does
-            state["last_activity"] = time.monotonic()
-        dialect = "json"
+        op, dialect = "unknown", "json"
+        path = _path_of(request.url.path)
         try:
+            if path is None:
+                raise UnknownEndpoint(
+                    f"no such endpoint: {request.method} {request.url.path[:120]} (the Tinker API "
+                    "lives under .../api/v1/)"
+                )
+            route, params = routes.match(request.method, path)
+            op = route.op
+            if not keys.allows(api_key(request.headers)):
+                return error_response(401, "UNAUTHENTICATED", "missing or unknown API key")
+            if op != "healthz":  # health probes do not keep a trainer alive; any real call does
+                state["last_activity"] = time.monotonic()
+            raw = await read_bounded(request, limits.DATA_PLANE_MAX_BODY_BYTES)
             body, dialect = dialects.decode_request(
-                op, request.headers.get("content-type"), await request.body()
+                op, request.headers.get("content-type"), raw, protobuf=service.cfg.protobuf
             )
             if op == "forward_backward" and body.get("forward_only"):
                 op = "forward"  # tinker's forward(): the same endpoint, forward_only set
+                route, params = routes.match("POST", "forward")
+            call = routes.Call(service, body, params, dict(request.query_params))
             if op == "retrieve_future":
                 result_op, result = await service.retrieve(body)
-                if "type" in result and result["type"] == "try_again" or "error" in result:
+                if result.get("type") == "try_again" or "error" in result:
                     return answer(JSONResponse(result), op, dialect)
             else:
-                result_op, result = op, table[op](service, body, arg)
-                if isinstance(result, Awaitable):
-                    result = await result
+                result_op, answered = op, route.handler(call)
+                result = await answered if isinstance(answered, Awaitable) else answered
             payload, media = dialects.encode_result(
-                result_op, result, request.headers.get("accept")
+                result_op, result, request.headers.get("accept"), protobuf=service.cfg.protobuf
             )
             if media == dialects.PROTOBUF:
                 dialect = "protobuf"
             return answer(Response(payload, media_type=media), op, dialect)
         except PlaneError as exc:
-            return answer(JSONResponse(exc.body(), status_code=exc.code), op, dialect)
+            response = JSONResponse(exc.body(), status_code=exc.code)
+            if exc.code == 405 and path is not None:
+                response.headers["allow"] = ", ".join(routes.allowed(path))
+            return answer(response, op, dialect)
+        except WireError as exc:
+            return answer(error_response(exc.code, exc.status, exc.message), op, dialect)
         except Exception as exc:
             log.exception("trainer.error", op=op)
             return answer(
@@ -177,12 +165,10 @@ def create_app(service: TrainerService) -> Starlette:
                 dialect,
             )
         finally:
-            if op != "healthz":
+            if op not in ("healthz", "unknown"):
                 state["last_activity"] = time.monotonic()
 
-    app = Starlette(
-        routes=[Route("/{path:path}", dispatch, methods=["GET", "POST", "PUT", "DELETE"])]
-    )
+    app = Starlette(routes=[StarletteRoute("/{path:path}", dispatch, methods=METHODS)])
     app.state.activity = state
     app.state.service = service
     return app
@@ -208,6 +194,7 @@ def serve(cfg: TrainerConfig, host: str = "127.0.0.1") -> None:
 
     def announce() -> None:
         loop = asyncio.get_running_loop()
+        service.start()
         if cfg.inactivity_timeout_s > 0:
             app.state.idle_task = loop.create_task(
                 _watch_inactivity(app, service, cfg.inactivity_timeout_s)

@@ -53,6 +53,17 @@ MAX_INACTIVITY_TIMEOUT_S: Final = 3 * 3600  # the hosted platform caps it at 3 h
 DEFAULT_INACTIVITY_TIMEOUT_S: Final = 3600
 MAX_CONTEXT_LENGTH: Final = 1 << 20
 
+#: How long a trainer holds a later ``seq_id`` while an earlier one is missing before it
+#: gives up and breaks the model (trainer-api.md §4, ordering). A client retries a lost
+#: submission within its route-race window, so the two bounds are tied:
+#: ``ROUTE_RACE_WINDOW_MAX_S`` is what a job spec may ask for.
+SEQ_GAP_HOLD_S: Final = 120.0
+#: What a retry costs beyond its route-race delays: the activity's schedule-to-start and
+#: warm-up probes before it re-sends the missing operation (seconds each on a loaded worker).
+ROUTE_RACE_RETRY_MARGIN_S: Final = 30.0
+#: The longest ``policies.route_race_window`` a trainer's hold can cover.
+ROUTE_RACE_WINDOW_MAX_S: Final = SEQ_GAP_HOLD_S - ROUTE_RACE_RETRY_MARGIN_S
+
 #: protobuf-JSON Duration: decimal seconds with an ``s`` suffix ("3600s", "1.5s").
 DURATION_RE: Final = re.compile(r"^(?P<seconds>\d+(?:\.\d{1,9})?)s\Z")
 

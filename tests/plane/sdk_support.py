@@ -106,12 +106,14 @@ class PlaneHttp:
 
     # ------------------------------------------------------------ control plane
 
-    def create_job(self, account: SdkAccount, job_id: str, *, lora_rank: int) -> dict[str, Any]:
+    def create_job(
+        self, account: SdkAccount, job_id: str, *, lora_rank: int, base_model: str = BASE_MODEL
+    ) -> dict[str, Any]:
         body = {
             "displayName": job_id,
             "serviceMode": True,
             "trainingConfig": {
-                "baseModel": BASE_MODEL,
+                "baseModel": base_model,
                 "loraRank": lora_rank,
                 "learningRate": 1e-2,
             },
@@ -157,6 +159,25 @@ class PlaneHttp:
             if time.monotonic() > deadline:
                 raise AssertionError(f"{job_id} stayed {job['state']}, wanted {states}")
             time.sleep(0.05)
+
+    def trainer_tables(self, account: SdkAccount, job_id: str) -> dict[str, Any]:
+        """The trainer's table sizes and loss usage (localplane's healthz extension)."""
+        answer = self._user(account).get(f"{self.trainer_base_url(account, job_id)}/api/v1/healthz")
+        answer.raise_for_status()
+        return answer.json()["tables"]
+
+    def sweep_checkpoints(self) -> int:
+        answer = self._admin.post("/admin/v1/checkpoints:sweep")
+        answer.raise_for_status()
+        return int(answer.json()["changed"])
+
+    def checkpoint_ids(self, account: SdkAccount, job_id: str) -> list[str]:
+        answer = self._user(account).get(
+            f"/v1/accounts/{account.id}/rlorTrainerJobs/{job_id}/checkpoints",
+            params={"pageSize": 1000},
+        )
+        answer.raise_for_status()
+        return [c["name"].rsplit("/", 1)[-1] for c in answer.json()["checkpoints"]]
 
     def trainer_base_url(self, account: SdkAccount, job_id: str) -> str:
         """The trainer's base URL, as TrainerJobManager hands it out (trainer-api.md §4)."""

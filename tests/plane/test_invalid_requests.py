@@ -127,6 +127,77 @@ CASES = [
     pytest.param(
         create("extraArgs", "--seed", tc={"extraArgs": ["--seed=x"]}), id="extra-args-seed"
     ),
+    # --- base models localplane cannot serve (issue 17)
+    pytest.param(
+        create(
+            "baseModel",
+            "not a model localplane serves",
+            tc={"baseModel": "accounts/fireworks/models/no-such-model"},
+        ),
+        id="base-model-unknown",
+    ),
+    pytest.param(
+        create("baseModel", tc={"baseModel": "accounts/fireworks/models/QWEN3-8B"}),
+        id="base-model-uppercase",
+    ),
+    pytest.param(
+        create(
+            "baseModel",
+            "another account",
+            tc={"baseModel": "accounts/someone-else/models/theirs"},
+            code=403,
+            status="PERMISSION_DENIED",
+        ),
+        id="base-model-other-account",
+    ),
+    pytest.param(
+        create("baseModel", "load its checkpoint", tc={"baseModel": "accounts/{a}/models/mine"}),
+        id="base-model-own-promoted",
+    ),
+    pytest.param(
+        create("hotLoadDeploymentId", "does not exist", hotLoadDeploymentId="no-such-deployment"),
+        id="hot-load-deployment-missing",
+    ),
+    # --- deployments
+    pytest.param(
+        Bad(
+            "POST",
+            "/deployments",
+            ("baseModel",),
+            params={"deploymentId": "d1"},
+            body={"baseModel": "accounts/fireworks/models/nope"},
+        ),
+        id="deployment-base-model-unknown",
+    ),
+    pytest.param(
+        Bad(
+            "POST",
+            "/deployments",
+            ("deploymentId",),
+            params={"deploymentId": "Bad_Id"},
+            body={"baseModel": BASE_MODEL},
+        ),
+        id="deployment-id-invalid",
+    ),
+    pytest.param(
+        Bad(
+            "POST",
+            "/deployments",
+            ("extraArgs", "maxReplicaCount", "hotLoadTrainerJob"),
+            params={"deploymentId": "d2"},
+            body={
+                "baseModel": BASE_MODEL,
+                "extraArgs": ["--x"],
+                "maxReplicaCount": -1,
+                "hotLoadTrainerJob": "accounts/{a}/rlorTrainerJobs/never-was",
+            },
+        ),
+        id="deployment-bad-fields",
+    ),
+    pytest.param(
+        Bad("GET", "/deployments/never-was", ("never-was",), 404, "NOT_FOUND"),
+        id="deployment-unknown",
+    ),
     pytest.param(
         create("acceleratorType", tc={"acceleratorType": "TPU_V9"}), id="manual-accelerator-unknown"
     ),

@@ -164,3 +164,106 @@ def test_tinker_sdk_crashes_on_a_route_race_404(sdk_http: PlaneHttp) -> None:
         finally:
             service.close("success").result(RESULT_TIMEOUT)
     sdk_http.delete_job(account, job_id)
+
+
+def _rl_datum(prompt: list[int], seq: types.SampledSequence, advantage: float) -> types.Datum:
+    """A policy-gradient datum over prompt + sample, with client-side logprobs all zero (so
+    only the server's recorded ones can make the loss right)."""
+    full = prompt + seq.tokens
+    n_prompt = len(prompt) - 1  # target positions that predict prompt tokens
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(full[:-1]),
+        loss_fn_inputs={
+            "target_tokens": full[1:],
+            "logprobs": [0.0] * (len(full) - 1),
+            "advantages": [0.0] * n_prompt + [advantage] * len(seq.tokens),
+        },
+    )
+
+
+def test_stable_reinforce_trains_against_the_recorded_samples(sdk_http: PlaneHttp) -> None:
+    """StableReinforce with sequence provenance: samples taken with record_stability_info are
+    remembered by sequence_id, and a training datum whose spans name them trains against the
+    log-probabilities the sampler really had — not the ones the client sent (zeros here).
+    A claim the record contradicts (another sequence's tokens) is refused."""
+    account = sdk_http.new_account("tinker")
+    job_id = f"stable-{uuid.uuid4().hex[:8]}"
+    sdk_http.create_job(account, job_id, lora_rank=4)
+    sdk_http.wait_state(account, job_id, "JOB_STATE_RUNNING")
+    sdk_http.warm(account, sdk_http.trainer_base_url(account, job_id))
+    service = _service(sdk_http, account, job_id)
+    try:
+        training = service.create_lora_training_client(base_model=BASE_MODEL, rank=4).result(
+            RESULT_TIMEOUT
+        )
+        sampler = training.save_weights_and_get_sampling_client(record_stability_info=True).result(
+            RESULT_TIMEOUT
+        )
+        prompt = list(b"2+2=")
+        params = types.SamplingParams(max_tokens=5, temperature=1.0)
+        sampled = sampler.sample(types.ModelInput.from_ints(prompt), 2, params).result(
+            RESULT_TIMEOUT
+        )
+        datums, plain = [], []
+        for seq, advantage in zip(sampled.sequences, (1.0, -1.0), strict=True):
+            datum = _rl_datum(prompt, seq, advantage)
+            plain.append(datum)
+            datums.append(
+                datum.with_provenance(
+                    model_input=[
+                        types.PromptProvenanceSpan(sequence_id=seq.sequence_id, length=len(prompt)),
+                        types.SampledProvenanceSpan(
+                            sequence_id=seq.sequence_id, length=len(seq.tokens) - 1
+                        ),
+                    ],
+                    loss_fn_inputs=[
+                        types.PromptProvenanceSpan(
+                            sequence_id=seq.sequence_id, offset=1, length=len(prompt) - 1
+                        ),
+                        types.SampledProvenanceSpan(
+                            sequence_id=seq.sequence_id, length=len(seq.tokens)
+                        ),
+                    ],
+                )
+            )
+        # On the weights that sampled, the recorded ratio is 1: plain REINFORCE, -sum(A * lp).
+        result = training.forward(datums, "stable_reinforce").result(RESULT_TIMEOUT)
+        expected = -sum(
+            float(adv) * float(lp)
+            for d, out in zip(datums, result.loss_fn_outputs, strict=True)
+            for adv, lp in zip(
+                d.loss_fn_inputs["advantages"].to_numpy(), out["logprobs"].to_numpy(), strict=True
+            )
+        )
+        assert result.metrics["loss:sum"] == pytest.approx(expected, rel=1e-5)
+        # Without provenance the client's zeros are the behaviour logprobs: another loss.
+        blind = training.forward(plain, "stable_reinforce").result(RESULT_TIMEOUT)
+        assert blind.metrics["loss:sum"] != pytest.approx(expected, rel=1e-3)
+        # Training with it works end to end.
+        training.forward_backward(datums, "stable_reinforce").result(RESULT_TIMEOUT)
+        training.optim_step(ADAM).result(RESULT_TIMEOUT)
+
+        # A span naming the other sequence for these tokens contradicts the record: refused.
+        first, second = sampled.sequences
+        if first.tokens != second.tokens:
+            lying = plain[0].with_provenance(
+                model_input=[
+                    types.PromptProvenanceSpan(sequence_id=first.sequence_id, length=len(prompt)),
+                    types.SampledProvenanceSpan(
+                        sequence_id=second.sequence_id, length=len(first.tokens) - 1
+                    ),
+                ],
+                loss_fn_inputs=[
+                    types.PromptProvenanceSpan(
+                        sequence_id=first.sequence_id, offset=1, length=len(prompt) - 1
+                    ),
+                    types.SampledProvenanceSpan(
+                        sequence_id=second.sequence_id, length=len(first.tokens)
+                    ),
+                ],
+            )
+            with pytest.raises(tinker.APIStatusError, match="differ|exceeds"):
+                training.forward([lying], "stable_reinforce").result(RESULT_TIMEOUT)
+    finally:
+        service.close("success").result(RESULT_TIMEOUT)
+    sdk_http.delete_job(account, job_id)

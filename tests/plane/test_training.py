@@ -96,14 +96,28 @@ async def test_order_dedupe_and_future_outcomes(account: Account) -> None:
         await shuffled.submit("forward", shuffled.forward_body(batch(1)), seq_id=4)
     assert clash.value.status == 400 and "already used" in clash.value.message
 
+    # What the trainer does not support is refused at once, naming the field and what is
+    # supported; the seq_id stays free.
+    with pytest.raises(TrainerHTTPError) as unsupported:
+        await shuffled.submit(
+            "forward_backward",
+            {"forward_backward_input": {"data": [datum("ab")], "loss_fn": "nope"}},
+            seq_id=shuffled.seq_id + 1,
+        )
+    shuffled.seq_id -= 1  # refused: the next operation takes that seq_id
+    assert unsupported.value.status == 400
+    assert "loss_fn" in unsupported.value.message and "cross_entropy" in unsupported.value.message
     # Bad work fails its future (category user), consumes its seq_id, changes nothing.
+    broken_datum = datum("ab")
+    broken_datum["loss_fn_inputs"]["target_tokens"]["data"] = [999]
     bad = await shuffled.submit(
-        "forward_backward", {"forward_backward_input": {"data": [datum("ab")], "loss_fn": "nope"}}
+        "forward_backward",
+        {"forward_backward_input": {"data": [broken_datum], "loss_fn": "cross_entropy"}},
     )
     failed = await api.call("retrieve_future", {"request_id": bad["request_id"]})
     while failed.get("type") == "try_again":
         failed = await api.call("retrieve_future", {"request_id": bad["request_id"]})
-    assert failed["category"] == "user" and "loss_fn" in failed["error"]
+    assert failed["category"] == "user" and "target_tokens" in failed["error"]
     assert (await shuffled.info())["weights_digest"] == info["weights_digest"]
 
     # Unknown futures are gone (410): the SDKs then re-submit the original request.
@@ -123,10 +137,11 @@ async def test_save_load_and_checkpoint_references(account: Account, admin: Plan
     api, model = trainer.api, trainer.model
     await model.train(1, 3)
     path = await model.save("step-3")
-    assert path == "tinker://saver/weights/step-3"
+    # Scoped by training run (the model), as the hosted Tinker service names them.
+    assert path == f"tinker://{model.model_id}/weights/step-3"
     assert await model.save("step-3") == path  # a retried save: same answer
     sampler_path = await model.save_for_sampler("step-3")  # same weights: becomes "both"
-    assert sampler_path == "tinker://saver/sampler_weights/step-3"
+    assert sampler_path == f"tinker://{model.model_id}/sampler_weights/step-3"
     probe = [datum("the cat and the log. ")]
     loss_at_3 = await model.forward_loss(probe)
     digest_at_3 = (await model.info())["weights_digest"]
@@ -135,7 +150,8 @@ async def test_save_load_and_checkpoint_references(account: Account, admin: Plan
         await model.save("step-3")  # other weights under a taken name
 
     # Restored into a new model: the same weights, the same forward loss, any path form.
-    for seq, ref in enumerate(["step-3", path, "cross_job://saver/step-3"], start=1):
+    refs = ["step-3", path, "tinker://saver/weights/step-3", "cross_job://saver/step-3"]
+    for seq, ref in enumerate(refs, start=1):
         restored = await api.load_new_model(trainer.session_id, seq, ref)
         info = await restored.info()
         assert (info["weights_digest"], info["optim_steps"]) == (digest_at_3, 3)
@@ -331,8 +347,12 @@ async def test_forward_only_shape(account: Account) -> None:
         ("forward_backward", model.fwdbwd_body(batch(1))),
         ("optim_step", model.optim_body()),
     ):
-        with pytest.raises(FutureFailed, match="forward-only"):
+        # Refused at submission (a 400 naming why), before it takes a seq_id.
+        with pytest.raises(TrainerHTTPError, match="forward-only") as refused:
             await model.run(op, body)
+        assert refused.value.status == 400
+        model.seq_id -= 1
+    assert await model.forward_loss(batch(1)) > 0  # the sequence goes on
     await api.aclose()
 
 

@@ -57,22 +57,49 @@ def test_encode_decode_bytes_and_eos():
 
 
 def _rl_inputs(model: CausalLM, tokens: np.ndarray, target: np.ndarray, rng):
-    """Sampler logprobs away from the PPO clip edges: ratios of 2, 1 and 1/2."""
+    """Sampler logprobs away from the clip edges: ratios of 2, 1 and 1/2."""
     (out,), _, _ = model.forward_backward(
         [(tokens, {"target_tokens": target})], "cross_entropy", backward=False
     )
     shift = rng.choice([-np.log(2.0), 0.0, np.log(2.0)], size=len(tokens))
+    advantages = rng.normal(size=len(tokens))
+    advantages[0] = 0.0  # a prompt position: no advantage, outside GSPO's default mask
     return {
         "target_tokens": target,
         "logprobs": out["logprobs"].astype(np.float64) + shift,
-        "advantages": rng.normal(size=len(tokens)),
+        "advantages": advantages,
     }
 
 
+#: Each loss with options that keep its clip/cap edges away from the sampled ratios (2, 1,
+#: 1/2 per token; a finite difference across a kink would not match the gradient).
+LOSS_CONFIGS = {
+    "cross_entropy": None,
+    "importance_sampling": None,
+    "ppo": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
+    "cispo": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
+    "dro": {"beta": 0.3},
+    "gspo": {"clip_low_threshold": 0.3, "clip_high_threshold": 3.0},
+    "stable_reinforce": {"max_ratio": 1.5, "kl_coeff": 0.2},
+}
+
+
 @pytest.mark.parametrize("lora_rank", [0, 3])
-@pytest.mark.parametrize("loss_fn", ["cross_entropy", "importance_sampling", "ppo"])
+@pytest.mark.parametrize("loss_fn", sorted(LOSS_CONFIGS))
 def test_gradients_match_finite_differences(loss_fn: str, lora_rank: int):
-    cfg = LMConfig("fd-base", lora_rank=lora_rank, context=3, embed=4, hidden=6)
+    """The analytic gradient of every loss, through the whole model, against central
+    differences. Losses with stop-gradient terms (CISPO's clipped ratio, GSPO's sequence
+    ratio, StableReinforce's truncated ratio) are differenced as the surrogate that holds
+    those terms at the forward pass's log-probabilities (``frozen``): its gradient there is
+    the loss's gradient, by the stop-gradient's definition."""
+    cfg = LMConfig(
+        "fd-base",
+        lora_rank=lora_rank,
+        context=3,
+        embed=4,
+        hidden=6,
+        lora_alpha=6.0 if lora_rank else None,
+    )
     model = CausalLM(cfg, seed=5)
     rng = np.random.default_rng(11)
     if lora_rank:
@@ -88,13 +115,16 @@ def test_gradients_match_finite_differences(loss_fn: str, lora_rank: int):
         else:
             inputs = _rl_inputs(model, tokens, target, rng)
         datums.append((tokens, inputs))
-    config = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
+    config = LOSS_CONFIGS[loss_fn]
+    _, _, grads = model.forward_backward(datums, loss_fn, config)
+    frozen = model.target_logprobs(datums)
 
     def loss() -> float:
-        _, metrics, _ = model.forward_backward(datums, loss_fn, config, backward=False)
+        _, metrics, _ = model.forward_backward(
+            datums, loss_fn, config, backward=False, frozen=frozen
+        )
         return metrics["loss:sum"]
 
-    _, _, grads = model.forward_backward(datums, loss_fn, config)
     assert grads is not None and set(grads) == set(model.params)
     checked = 0
     for name, param in model.params.items():
@@ -361,9 +391,10 @@ def test_adam_bias_correction_decay_and_clipping():
     assert p["w"] == pytest.approx([0.9, -1.9, 3.0], abs=1e-9)
     assert metrics["grad_norm:mean"] == pytest.approx(np.sqrt(0.25 + 16.0))
 
+    # Decoupled weight decay: p *= 1 - lr * wd before the Adam update.
     p = {"w": np.array([2.0])}
     opt = Adam(p)
-    opt.apply(p, None, learning_rate=0.1, weight_decay=0.5, **ADAM)  # decoupled: no gradient
+    opt.apply(p, {"w": np.array([0.0])}, learning_rate=0.1, weight_decay=0.5, **ADAM)
     assert p["w"][0] == pytest.approx(2.0 * (1 - 0.05), abs=1e-12)
 
     p = {"w": np.zeros(2)}
@@ -376,6 +407,20 @@ def test_adam_bias_correction_decay_and_clipping():
     assert opt.m["w"] == pytest.approx([0.1 * 0.6, 0.1 * 0.8])
     with pytest.raises(ValueError, match="learning_rate"):
         opt.apply(p, None, learning_rate=float("nan"))
+
+
+def test_adam_does_not_move_parameters_without_a_gradient():
+    """torch's AdamW skips a parameter whose .grad is None: no momentum step, no decay, no
+    step count. An optim_step with no forward_backward since the last one changes nothing."""
+    p = {"w": np.array([1.0, -2.0])}
+    opt = Adam(p)
+    opt.apply(p, {"w": np.array([0.5, -1.0])}, learning_rate=0.1, weight_decay=0.1, **ADAM)
+    after_step = p["w"].copy()
+    m, v, t = opt.m["w"].copy(), opt.v["w"].copy(), opt.t
+    metrics = opt.apply(p, None, learning_rate=0.1, weight_decay=0.1, **ADAM)
+    assert p["w"].tolist() == after_step.tolist()  # the momentum would have moved it
+    assert opt.m["w"].tolist() == m.tolist() and opt.v["w"].tolist() == v.tolist()
+    assert opt.t == t and metrics["grad_norm:mean"] == 0.0
 
 
 # Speed is measured in bench/, not asserted here.

@@ -236,3 +236,17 @@ def test_a_schedule_without_our_memo_still_shows_its_cron() -> None:
     )
     assert _spec_text(ScheduleSpec(calendars=[every_15]), {}).startswith("cron '*/15 * ")
     assert _spec_text(ScheduleSpec(), {"spec": "cron '0 3 * * *'"}) == "cron '0 3 * * *'"
+
+
+def test_route_race_window_is_tied_to_the_trainers_hold() -> None:
+    """Issue 16: a trainer holds later seq_ids rules.SEQ_GAP_HOLD_S while an earlier one is
+    retried within the route-race window; a window the hold cannot cover is refused."""
+    from localplane.trainer.config import TrainerConfig
+
+    assert TrainerConfig.__dataclass_fields__["seq_gap_timeout_s"].default == rules.SEQ_GAP_HOLD_S
+    longest = f"{rules.ROUTE_RACE_WINDOW_MAX_S:g}s"
+    validate_spec(spec_data("ok", policies={"route_race_window": longest}))
+    with pytest.raises(SpecError) as refused:
+        validate_spec(spec_data("too-long", policies={"route_race_window": "5m"}))
+    message = str(refused.value)
+    assert "policies.route_race_window" in message and longest in message

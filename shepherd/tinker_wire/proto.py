@@ -5,12 +5,13 @@ The tinker SDK sends `forward_backward` (and `forward`, as `forward_backward` wi
 of forward/backward and sampling futures as protobuf (`Accept: application/x-protobuf`): it
 refuses a JSON body for those. Everything else it sends and accepts is JSON.
 
-This module translates between those messages and the JSON dialect the trainer's core works
-in (the bodies and results `FiretitanServiceClient` sends and reads), so the core never sees
-protobuf. The message definitions are rebuilt here from their field numbers rather than
-imported from the `tinker` package: the plane must run without the SDK installed. Only the
-messages these two directions need are declared; fields a newer client adds (provenance spans,
-images) arrive as unknown fields and are ignored, as protobuf does.
+This module translates between those messages and the JSON dialect (the bodies and results
+`FiretitanServiceClient` sends and reads), so a trainer never sees protobuf. The message
+definitions are rebuilt here from their field numbers rather than imported from the `tinker`
+package: a trainer must run without the SDK installed. Only the messages these two directions
+need are declared; fields a newer client adds arrive as unknown fields and are ignored, as
+protobuf does. Provenance spans (`Datum.model_input_spans` / `loss_fn_input_spans`) come out in
+their protobuf-JSON form, `[{"sampled_tokens": {"sequence_id", "offset", "length"}}, ...]`.
 """
 
 from __future__ import annotations
@@ -257,10 +258,35 @@ def _file() -> descriptor_pb2.FileDescriptorProto:
                         repeated=True,
                         type_name="Datum.LossFnInputsEntry",
                     ),
+                    _field(
+                        "model_input_spans", 3, msg_t, repeated=True, type_name="ProvenanceSpan"
+                    ),
+                    _field(
+                        "loss_fn_input_spans", 4, msg_t, repeated=True, type_name="ProvenanceSpan"
+                    ),
                 ],
                 nested=[
                     _map_entry("LossFnInputsEntry", _field("value", 2, msg_t, type_name="Tensor"))
                 ],
+            ),
+            _message(
+                "ProvenanceSpan",
+                [
+                    _field("prompt_tokens", 1, msg_t, type_name="PromptProvenanceSpan", oneof=0),
+                    _field("sampled_tokens", 2, msg_t, type_name="SampledProvenanceSpan", oneof=0),
+                ],
+                oneofs=["span"],
+            ),
+            *(
+                _message(
+                    name,
+                    [
+                        _field("sequence_id", 1, _F.TYPE_STRING),
+                        _field("offset", 2, _F.TYPE_INT64),
+                        _field("length", 3, _F.TYPE_INT64),
+                    ],
+                )
+                for name in ("PromptProvenanceSpan", "SampledProvenanceSpan")
             ),
             _message(
                 "Chunk",
@@ -356,7 +382,20 @@ def _datum(index: int, datum: Any) -> dict[str, Any]:
         name: _tensor(f"data[{index}].loss_fn_inputs.{name}", tensor)
         for name, tensor in sorted(datum.loss_fn_inputs.items())
     }
-    return {"model_input": {"chunks": chunks}, "loss_fn_inputs": inputs}
+    out: dict[str, Any] = {"model_input": {"chunks": chunks}, "loss_fn_inputs": inputs}
+    for name in ("model_input_spans", "loss_fn_input_spans"):
+        spans = getattr(datum, name)
+        if len(spans):
+            out[name] = [_span(s) for s in spans]
+    return out
+
+
+def _span(span: Any) -> dict[str, Any]:
+    kind = span.WhichOneof("span") or "sampled_tokens"
+    arm = getattr(span, kind)
+    return {
+        kind: {"sequence_id": arm.sequence_id, "offset": int(arm.offset), "length": int(arm.length)}
+    }
 
 
 def _tensor(where: str, msg: Any) -> dict[str, Any]:
@@ -387,7 +426,9 @@ def _tensor(where: str, msg: Any) -> dict[str, Any]:
         shape = [int(arr.size)]
     if math.prod(shape) != arr.size:
         raise ValueError(f"{where}: shape {shape} does not match {arr.size} values")
-    return {"data": arr.tolist(), "dtype": public, "shape": shape}
+    # An array, not a list: the codecs and the trainer take either, and a big batch decodes
+    # several times faster without a Python float per value.
+    return {"data": arr, "dtype": public, "shape": shape}
 
 
 def _frombuffer(where: str, raw: bytes, dtype: np.dtype[Any]) -> np.ndarray:

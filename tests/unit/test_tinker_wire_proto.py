@@ -12,7 +12,7 @@ from tinker.proto.response_conv import (
     deserialize_sample_response,
 )
 
-from localplane.trainer import proto_dialect
+from shepherd.tinker_wire import proto as proto_dialect
 
 
 def _request(forward_only: bool = False, config: dict | None = None) -> bytes:
@@ -41,6 +41,13 @@ def _request(forward_only: bool = False, config: dict | None = None) -> bytes:
     return msg.SerializeToString()
 
 
+def _plain(tensor: dict) -> dict:
+    """Decoded tensors carry their data as arrays (a big batch decodes without a Python
+    float per value); compare them as the JSON dialect's lists."""
+    assert isinstance(tensor["data"], np.ndarray)
+    return {**tensor, "data": tensor["data"].tolist()}
+
+
 def test_forward_backward_request_decodes_to_the_json_dialect() -> None:
     body = proto_dialect.decode_request(
         "forward_backward", _request(config={"clip_low_threshold": 0.8, "mode": "x"})
@@ -52,17 +59,17 @@ def test_forward_backward_request_decodes_to_the_json_dialect() -> None:
     assert inner["loss_fn_config"] == {"clip_low_threshold": 0.8, "mode": "x"}
     first, second = inner["data"]
     assert first["model_input"] == {"chunks": [{"type": "encoded_text", "tokens": [72, 105, 33]}]}
-    assert first["loss_fn_inputs"]["target_tokens"] == {
+    assert _plain(first["loss_fn_inputs"]["target_tokens"]) == {
         "data": [105, 33, 256],
         "dtype": "int64",
         "shape": [3],
     }
-    assert first["loss_fn_inputs"]["weights"] == {
+    assert _plain(first["loss_fn_inputs"]["weights"]) == {
         "data": [0.0, 1.0, 1.0],
         "dtype": "float32",
         "shape": [3],
     }
-    assert second["loss_fn_inputs"]["weights"]["data"] == [1.0, 0.5]
+    assert second["loss_fn_inputs"]["weights"]["data"].tolist() == [1.0, 0.5]
 
 
 def test_forward_only_becomes_a_forward_body() -> None:
