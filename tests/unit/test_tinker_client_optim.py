@@ -15,14 +15,17 @@ class _Recorder:
     def __init__(self) -> None:
         self.calls: list[tuple[str, dict[str, Any]]] = []
 
-    async def call(self, op: str, body: dict[str, Any], *, timeout: float) -> dict[str, Any]:
+    async def submit(self, op: str, body: dict[str, Any], **_: Any) -> str:
         self.calls.append((op, body))
+        return f"req-{body['seq_id']}"
+
+    async def result(self, request_id: str, *, timeout: float) -> dict[str, Any]:
         return {"metrics": {}}
 
 
 def _client(trainer: _Recorder) -> TrainingClient:
     return TrainingClient(
-        trainer,  # type: ignore[arg-type]  # only .call is used
+        trainer,  # type: ignore[arg-type]  # only submit/result are used
         session_id="s",
         model_id="m",
         base_model="b",
