@@ -14,7 +14,7 @@ from __future__ import annotations
 from temporalio import activity
 
 from activities.base import ClientProvider, log, refusal, translate
-from shepherd import datasets, loops
+from shepherd import datasets, loops, programs
 from shepherd.models import PreflightInput
 from shepherd.platform import NotFound, PermissionDenied, PlatformError, rules
 from workflows import policies
@@ -29,6 +29,11 @@ class PreflightActivities:
         problems: list[tuple[str, str]] = []  # (error type, "field: rule")
         if inp.loop is not None:
             problems += _loop_problems(inp)
+        if inp.program is not None:
+            try:
+                programs.resolve(inp.program).check_args(inp.args)
+            except programs.ProgramError as exc:
+                problems.append((policies.LOOP_ERROR, str(exc)))
         if inp.dataset is not None and (
             problem := datasets.check_readable(inp.dataset, inp.validation_split)
         ):

@@ -24,7 +24,8 @@ _JOB_TYPE = "TrainingJob"
 
 
 class Profiles(ClientProvider, Protocol):
-    profiles: Mapping[str, Any]
+    @property
+    def profiles(self) -> Mapping[str, Any]: ...
 
 
 def _q(value: str) -> str:

@@ -58,7 +58,7 @@ def static_summary(spec: JobSpec) -> str:
     )
     labels = ", ".join(spec.label_keywords()) or "none"
     return (
-        f"{spec.name}: {spec.training.total_steps} steps of {spec.trainer.base_model} "
+        f"{spec.name}: {spec.total_steps or 'its own'} steps of {spec.trainer.base_model} "
         f"(LoRA r={spec.trainer.lora_rank}) on {spec.training.dataset}; shape {shape}; {promote}; labels {labels}"
     )[:400]
 
@@ -143,9 +143,14 @@ async def check_workers(client: Client, spec: JobSpec, task_queue: str, prefix: 
             client, activities, f"{prefix}scheduling.queue", activities=True
         )
     await preflight.check_backend(client, activities, spec.backend, f"{prefix}backend")
-    await preflight.check_registered(
-        client, activities, "loops", spec.training.loop, f"{prefix}training.loop"
-    )
+    if spec.training.program is not None:
+        await preflight.check_registered(
+            client, activities, "programs", spec.training.program, f"{prefix}training.program"
+        )
+    else:
+        await preflight.check_registered(
+            client, activities, "loops", spec.training.loop, f"{prefix}training.loop"
+        )
 
 
 async def start_job(

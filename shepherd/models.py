@@ -8,6 +8,7 @@ worker's configuration.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -201,12 +202,84 @@ class PreflightInput(Model):
 
     backend: str
     base_model: str
-    #: The loop the job runs (None once a job runs a program instead: issue 18).
+    #: The loop the job runs (None when it runs a program instead).
     loop: str | None = None
+    #: The program the job runs, and its arguments (checked against its registration).
+    program: str | None = None
+    args: dict[str, Any] = Field(default_factory=dict)
     #: The metric the job tracks (None: nothing is evaluated).
     metric: str | None = None
     dataset: str | None = None
     validation_split: float = 0.1
+
+
+# ---------------------------------------------------------------------------- programs
+
+
+class ProgramSettings(Model):
+    """What the job's data-plane proxy is told (shepherd/proxy; activities/programs.py)."""
+
+    #: What the job's trainer was created for; a program's model must be that.
+    base_model: str
+    lora_rank: int
+    #: A Shepherd checkpoint every so many optimizer steps (``checkpoint.every_steps``).
+    checkpoint_every: int
+    call_timeout_s: float
+    route_race_retries: int
+    route_race_window_s: float
+
+
+class RunProgramInput(Model):
+    backend: str
+    program: str
+    args: dict[str, Any] = Field(default_factory=dict)
+    settings: ProgramSettings
+
+
+class ProgramStarted(Model):
+    """Signal: an attempt of the program runs, reachable on ``control_queue``."""
+
+    control_queue: str
+    attempt: int
+    #: The program's total of optimizer steps, when its arguments say (its registration).
+    total_steps: int | None = None
+
+
+class ProgramProgress(Model):
+    """Signal: what the program's proxy saw since the last one."""
+
+    step: int = 0
+    last_loss: float | None = None
+    #: (step, mean loss of its forward_backward calls), in order.
+    losses: list[tuple[int, float]] = Field(default_factory=list)
+    checkpoints: list[CheckpointRecord] = Field(default_factory=list)
+    #: The proxy saw the trainer gone (verified with the control plane).
+    trainer_lost: str | None = None
+
+
+class ProgramResult(Model):
+    exit_code: int
+    step: int
+
+
+class ProgramAttachInput(Model):
+    trainer_job_id: str
+
+
+class ProgramAttachResult(Model):
+    """What an attach did (the proxy's AttachResult)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    #: The Shepherd checkpoint the program's model was restored from (None: none was due).
+    restored_from: str | None = None
+    ops_redone: int = 0
+    optimizer_steps_redone: int = 0
+    seconds: float = 0.0
+
+
+class ProgramControlInput(Model):
+    reason: str = ""
 
 
 class EvaluateInput(Model):

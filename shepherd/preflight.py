@@ -199,6 +199,13 @@ async def check_backend(client: Client, task_queue: str, backend: str, field: st
         )
 
 
+#: How a worker gets a loop or a program registered (shepherd/loops.py, shepherd/programs.py).
+REGISTER_HOW = {
+    "loops": "SHEPHERD_LOOPS=name=module:attr",
+    "programs": 'SHEPHERD_PROGRAMS=\'{"name": {"module": "pkg.module"}}\'',
+}
+
+
 async def check_registered(
     client: Client, task_queue: str, kind: str, name: str, field: str
 ) -> None:
@@ -210,8 +217,7 @@ async def check_registered(
             field,
             f"no worker on task queue {task_queue!r} has a {noun} {name!r} registered "
             f"(they have: {', '.join(sorted(served)) or 'none'}); register it with the "
-            f"workers (SHEPHERD_{kind.upper()}=name=module:attr, or the 'shepherd.{kind}' "
-            "entry-point group)",
+            f"workers ({REGISTER_HOW[kind]}, or the 'shepherd.{kind}' entry-point group)",
         )
 
 

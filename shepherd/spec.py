@@ -166,6 +166,18 @@ def _rule(check: Any) -> Any:
 LABEL_KEY = re.compile(r"^[a-z0-9]([a-z0-9_./-]{0,61}[a-z0-9])?\Z")
 #: A registered training loop's name (shepherd.loops checks worker registrations by it too).
 LOOP_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,62}\Z")
+#: Programs are named as loops are.
+PROGRAM_NAME = LOOP_NAME
+#: A program argument's key: a name, or a dotted path of names (the cookbook's chz configs
+#: take ``key=value`` and ``a.b=value``).
+PROGRAM_ARG_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}(\.[A-Za-z_][A-Za-z0-9_]{0,63}){0,7}\Z")
+#: Arguments one program job may pass, and the longest value: arguments are flags and small
+#: values (a file name, a number), never data.
+MAX_PROGRAM_ARGS = 64
+MAX_PROGRAM_ARG_LEN = 1000
+#: What the workers report of a program's training, for ``checkpoint.metric``: the mean loss
+#: of each optimizer step's forward_backward calls, as the trainer returned it.
+PROGRAM_METRICS = ("train_loss",)
 JOB_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?\Z")
 BACKEND_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}\Z")
 METRIC_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:/-]{0,63}\Z")
@@ -244,14 +256,42 @@ class TrainerSpec(SpecModel):
         return self
 
 
+def _program_arg(value: Any) -> Any:
+    if isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise PydanticCustomError("arg", "must be a finite number")
+        return value
+    raise PydanticCustomError(
+        "arg",
+        "must be a scalar: a string, a number or true/false (not {kind})",
+        {"kind": type(value).__name__},
+    )
+
+
+#: A program argument's value, as given (YAML's types): passed as ``key=value``.
+ProgramArg = Annotated[Any, BeforeValidator(_program_arg)]
+
+
 class TrainingSpec(SpecModel):
     """What to run."""
 
     #: The name of a loop registered with the workers: ``supervised`` (built in), or a
     #: Tinker loop registered by name (``SHEPHERD_LOOPS``, ``shepherd.loops`` entry points).
     loop: str = "supervised"
+    #: Or the name of a *program* registered with the workers: an unmodified Tinker program
+    #: (a tinker-cookbook recipe, a user's script) run behind Shepherd's data-plane proxy
+    #: (``SHEPHERD_PROGRAMS``, ``shepherd.programs`` entry points; shepherd/programs.py).
+    program: str | None = None
+    #: The program's ``key=value`` arguments, each passed as one argv item (never through a
+    #: shell); values are scalars.
+    args: dict[str, ProgramArg] = Field(default_factory=dict)
     dataset: str = "synthetic:text"
-    total_steps: Int = Field(gt=0, le=10_000_000)
+    #: Optimizer steps to train (a loop: required). A program decides its own length; when
+    #: given, it is the total its status shows (else the program's registration names the
+    #: argument that gives it, e.g. the cookbook's ``max_steps``).
+    total_steps: Int | None = Field(default=None, gt=0, le=10_000_000)
     batch_size: Int = Field(default=32, ge=1, le=4096)
     micro_batches: Int = Field(default=1, ge=1, le=64)
     seed: Int = Field(default=0, ge=0, le=2**31 - 1)
@@ -279,6 +319,62 @@ class TrainingSpec(SpecModel):
                 "register a loop with SHEPHERD_LOOPS=name=module:attr on the workers",
             )
         return value
+
+    @field_validator("program")
+    @classmethod
+    def _program(cls, value: str | None) -> str | None:
+        if value is not None and not PROGRAM_NAME.match(value):
+            raise PydanticCustomError(
+                "program",
+                "must be the name of a program registered with the workers (1-63 characters "
+                "of a-z, 0-9, '_' and '-'); commands are never taken from a spec: register "
+                "one with SHEPHERD_PROGRAMS on the workers",
+            )
+        return value
+
+    @field_validator("args")
+    @classmethod
+    def _args(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if len(value) > MAX_PROGRAM_ARGS:
+            raise PydanticCustomError("args", "at most {n} arguments", {"n": MAX_PROGRAM_ARGS})
+        for key, arg in value.items():
+            if not PROGRAM_ARG_KEY.match(key):
+                raise PydanticCustomError(
+                    "args",
+                    "'{key}': a key is a name or a dotted path of names (letters, digits, "
+                    "'_'; e.g. max_steps, dataset_builder.batch_size)",
+                    {"key": key[:80]},
+                )
+            if isinstance(arg, str) and (
+                len(arg) > MAX_PROGRAM_ARG_LEN or _control_characters(arg)
+            ):
+                raise PydanticCustomError(
+                    "args",
+                    "{key}: a value is at most {n} characters, without control characters",
+                    {"key": key, "n": MAX_PROGRAM_ARG_LEN},
+                )
+        return value
+
+    @model_validator(mode="after")
+    def _loop_or_program(self) -> TrainingSpec:
+        given = self.model_fields_set
+        if self.program is None:
+            if self.args:
+                raise _located("training.args", "are a program's arguments: set training.program")
+            if self.total_steps is None:
+                raise _located("training.total_steps", "is required for a loop")
+            return self
+        # A program owns its loop and its data: the loop's settings would be ignored.
+        for name in ("loop", "dataset", "batch_size", "micro_batches", "validation_split"):
+            if name in given:
+                raise _located(
+                    f"training.{name}",
+                    "is a loop's setting; a program takes its own in training.args "
+                    "(training.loop and training.program are mutually exclusive)",
+                )
+        if "steps_per_chunk" in given:
+            raise _located("training.steps_per_chunk", "is a loop's setting; a program has none")
+        return self
 
     @field_validator("resume_from")
     @classmethod
@@ -430,10 +526,14 @@ class JobSpec(SpecModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:
-        if self.checkpoint.every_steps > self.training.total_steps:
+        if self.training.program is not None and "metric" not in self.checkpoint.model_fields_set:
+            # What a program's checkpoints are measured by, unless the spec says otherwise.
+            self.checkpoint.metric = PROGRAM_METRICS[0]
+        total = self.training.total_steps
+        if total is not None and self.checkpoint.every_steps > total:
             raise _located(
                 "checkpoint.every_steps",
-                f"must be <= training.total_steps ({self.training.total_steps})",
+                f"must be <= training.total_steps ({total})",
             )
         if self.output.promote != "none" and not self.output.model_id:
             raise _located("output.model_id", "is required when output.promote is 'best' or 'last'")
@@ -459,6 +559,11 @@ class JobSpec(SpecModel):
     @property
     def steps_per_chunk(self) -> int:
         return self.training.steps_per_chunk or min(self.checkpoint.every_steps, 50)
+
+    @property
+    def total_steps(self) -> int:
+        """The loop's total; a program's when known (0: not known)."""
+        return self.training.total_steps or 0
 
     def label_keywords(self) -> list[str]:
         """Labels as ``key=value`` keywords (the ``ShepherdLabels`` search attribute)."""
@@ -601,7 +706,18 @@ def submission_problems(spec: JobSpec) -> list[SpecProblem]:
             "must be the name of a metric the loop's evaluation reports (e.g. eval_loss; "
             "1-64 characters of letters, digits, '_', '.', ':', '/', '-')",
         )
-    elif (reports := BUILTIN_LOOP_METRICS.get(tr.loop)) and c.evaluate and c.metric not in reports:
+    elif tr.program is not None and c.evaluate and c.metric not in PROGRAM_METRICS:
+        refuse(
+            "checkpoint.metric",
+            f"a program's checkpoints are measured by {', '.join(PROGRAM_METRICS)} (from the "
+            "trainer's answers); set checkpoint.metric to it, or checkpoint.evaluate: false",
+        )
+    elif (
+        tr.program is None
+        and (reports := BUILTIN_LOOP_METRICS.get(tr.loop))
+        and c.evaluate
+        and c.metric not in reports
+    ):
         refuse(
             "checkpoint.metric", f"the built-in loop {tr.loop!r} reports only {', '.join(reports)}"
         )

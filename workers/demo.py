@@ -50,10 +50,10 @@ async def _run(stack: DevStack, console: Console, spec_path: Path) -> bool:
     handle = await start_job(client, spec, task_queue=stack.task_queue)
     ui_link = f"{stack.temporal.ui_url}/namespaces/default/workflows/{handle.id}"
     console.print(
-        f"submitted [bold]{handle.id}[/bold]  ({spec_path.name}, {spec.training.total_steps} steps)"
+        f"submitted [bold]{handle.id}[/bold]  ({spec_path.name}, {spec.total_steps} steps)"
     )
     console.print(f"Web UI: {ui_link}")
-    chaos_at = spec.training.total_steps // 3
+    chaos_at = spec.total_steps // 3
     injected = False
     result_task = asyncio.ensure_future(handle.result())
     columns = (
@@ -68,7 +68,7 @@ async def _run(stack: DevStack, console: Console, spec_path: Path) -> bool:
     async with PlaneAdmin(stack.plane.url, stack.plane.admin_key) as admin:
         with Progress(*columns, console=console, transient=False) as progress:
             bar = progress.add_task(
-                "job", total=spec.training.total_steps, phase="PENDING", loss="-", note=""
+                "job", total=spec.total_steps, phase="PENDING", loss="-", note=""
             )
             status = JobStatus()
             while not result_task.done():

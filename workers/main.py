@@ -12,6 +12,7 @@ import importlib
 import json
 import os
 import signal
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import timedelta
@@ -26,6 +27,7 @@ from temporalio.worker import PollerBehaviorSimpleMaximum, Worker
 from activities.checkpoints import CheckpointActivities
 from activities.claims import ClaimActivities
 from activities.preflight import PreflightActivities
+from activities.programs import ProgramActivities
 from activities.promotion import PromotionActivities
 from activities.provisioning import ProvisioningActivities
 from activities.readiness import ReadinessActivities
@@ -33,7 +35,7 @@ from activities.reaper import ReaperActivities
 from activities.recovery import RecoveryActivities
 from activities.sweeps import SweepActivities
 from activities.training import TrainingActivities
-from shepherd import loops
+from shepherd import loops, programs
 from shepherd.logging import configure_logging
 from shepherd.preflight import worker_identity
 from shepherd.temporal import TemporalSettings, connect, ensure_search_attributes
@@ -49,8 +51,12 @@ log = structlog.stdlib.get_logger("shepherd.worker")
 WORKFLOWS: list[type] = [TrainingJobWorkflow, SweepWorkflow, ReaperWorkflow]
 
 
-def activities_for(registry: BackendRegistry) -> list[Callable[..., Any]]:
-    """Every activity, as bound methods of objects sharing one set of platform clients."""
+def activities_for(
+    registry: BackendRegistry, control_queue: str | None = None
+) -> list[Callable[..., Any]]:
+    """Every activity, as bound methods of objects sharing one set of platform clients.
+    ``control_queue``: the task queue only this worker polls (its programs are steered
+    there; activities/programs.py)."""
     groups = [
         PreflightActivities(registry),
         ProvisioningActivities(registry),
@@ -62,6 +68,7 @@ def activities_for(registry: BackendRegistry) -> list[Callable[..., Any]]:
         SweepActivities(),
         ClaimActivities(),  # uses the worker's Temporal client
         ReaperActivities(registry),  # and this one too, for visibility
+        ProgramActivities(registry, control_queue or f"programs-{uuid.uuid4().hex}"),
     ]
     found = []
     for group in groups:
@@ -116,6 +123,15 @@ class WorkerSizing:
         return cls(**values)
 
 
+def _registered_programs() -> list[str] | None:
+    """The programs this worker can run (None: its SHEPHERD_PROGRAMS cannot be read)."""
+    try:
+        return sorted(programs.registered())
+    except programs.ProgramError as exc:
+        log.warning("worker.programs_unreadable", error=str(exc))
+        return None
+
+
 def _registered_loops() -> list[str] | None:
     """The loops this worker can run (None: its SHEPHERD_LOOPS cannot be read, so it lists
     none; each job then fails its preflight with the reason)."""
@@ -135,10 +151,14 @@ def workers_for(
     """The workers serving one task queue: workflows and trainer-holding activities on
     ``task_queue``, polls on its waits queue (each with its own slots and pollers)."""
     sizing = sizing or WorkerSizing()
-    activities = activities_for(registry)
+    # This worker's own queue: the programs it runs are steered there (attach, detach ...).
+    control_queue = f"{task_queue}-programs-{uuid.uuid4().hex[:12]}"
+    activities = activities_for(registry, control_queue)
     # Advertises the backends it serves and the loops registered with it: a submission
     # refuses a backend or loop no worker has.
-    identity = worker_identity(registry.profiles, loops=_registered_loops())
+    identity = worker_identity(
+        registry.profiles, loops=_registered_loops(), programs=_registered_programs()
+    )
     return [
         Worker(
             client,
@@ -158,6 +178,14 @@ def workers_for(
             task_queue=policies.waits_queue(task_queue),
             activities=activities,
             max_concurrent_activities=sizing.wait_slots,
+            graceful_shutdown_timeout=timedelta(seconds=5),
+            identity=identity,
+        ),
+        Worker(
+            client,
+            task_queue=control_queue,
+            activities=activities,
+            max_concurrent_activities=20,
             graceful_shutdown_timeout=timedelta(seconds=5),
             identity=identity,
         ),

@@ -74,6 +74,7 @@ with workflow.unsafe.imports_passed_through():
         TrainerSession,
         TrialProgress,
         WarmUpInput,
+        WarmUpResult,
     )
     from shepherd.phases import Phase
     from shepherd.platform import rules
@@ -81,15 +82,20 @@ with workflow.unsafe.imports_passed_through():
     from shepherd.states import JobState
     from shepherd.trainer_ids import trainer_prefix
     from workflows import policies, versions
+    from workflows.flow import DEAD as _DEAD
+    from workflows.flow import PLACED as _PLACED
+    from workflows.flow import RESUMABLE_OR_RUNNING as _RESUMABLE_OR_RUNNING
+    from workflows.flow import RUNNING as _RUNNING
+    from workflows.flow import BadSignal as _BadSignal
+    from workflows.flow import Lost as _Lost
+    from workflows.flow import PauseNow as _PauseNow
+    from workflows.flow import Terminal as _Terminal
     from workflows.policies import ActivityPolicy, Policies
+    from workflows.programs import ProgramSeam
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
 
-_RUNNING = {JobState.RUNNING.value}
-_PLACED = {JobState.CREATING.value, JobState.RUNNING.value}
-_RESUMABLE_OR_RUNNING = {s.value for s in JobState if s.is_resumable()} | _RUNNING
-_DEAD = {s.value for s in JobState if s.is_resumable() or s.is_gone()}
 #: The steps of bringing a trainer up; during a recovery they show as RECOVERING.
 _COMING_UP = frozenset({Phase.QUEUED, Phase.SCHEDULING, Phase.PREPARING})
 #: A trainer that died with these codes was refused by the platform (its configuration, its
@@ -97,38 +103,6 @@ _COMING_UP = frozenset({Phase.QUEUED, Phase.SCHEDULING, Phase.PREPARING})
 _REFUSED_CODES = {"INVALID_ARGUMENT", "FAILED_PRECONDITION"}
 #: Recoveries caused by the infrastructure, paid from the preemption budget.
 _INFRA_REASONS = {"preemption", "platform_restart", "idle"}
-
-
-class _Lost(Exception):
-    """The trainer stopped serving (internal control flow, never leaves the workflow)."""
-
-    def __init__(
-        self, kind: str, job: PlatformJob | None, detail: str, applied_step: int | None = None
-    ) -> None:
-        super().__init__(detail)
-        self.kind = kind
-        self.job = job
-        self.detail = detail
-        #: The last step the trainer was seen to apply before it stopped, when known.
-        self.applied_step = applied_step
-
-
-class _Terminal(Exception):
-    """The job ends in ``phase`` with an error (internal control flow)."""
-
-    def __init__(self, phase: Phase, type_: str, message: str) -> None:
-        super().__init__(message)
-        self.phase = phase
-        self.type = type_
-        self.message = message
-
-
-class _PauseNow(Exception):
-    pass
-
-
-class _BadSignal(Exception):
-    """A signal's input could not be read (already noted in the status)."""
 
 
 def classify(job: PlatformJob | None) -> str:
@@ -159,11 +133,11 @@ def _root(err: BaseException) -> BaseException:
 
 
 @workflow.defn(name="TrainingJob")
-class TrainingJobWorkflow:
+class TrainingJobWorkflow(ProgramSeam):
     @workflow.init
     def __init__(self, inp: JobInput) -> None:
         self.spec = inp.spec
-        self.pol = Policies.for_spec(self.spec.policies, chunk_steps=self.spec.steps_per_chunk)
+        self.pol = self._policies(legacy=False)
         #: The run follows the current lifecycle (workflows/versions.py); decided in ``run``.
         self._current = True
         #: A legacy run written by code that had every legacy patch (versions.LAST_LEGACY).
@@ -172,7 +146,7 @@ class TrainingJobWorkflow:
             name=self.spec.name,
             labels=self.spec.labels,
             backend=self.spec.backend,
-            total_steps=self.spec.training.total_steps,
+            total_steps=self.spec.total_steps,
             eval_metric=self.spec.checkpoint.metric,
             parent_workflow_id=inp.parent_workflow_id,
         )
@@ -217,6 +191,15 @@ class TrainingJobWorkflow:
         # spec priority 10 (most urgent) .. 0 -> Temporal priority key 1 .. 5 (lower runs first)
         self._priority = Priority(priority_key=5 - round(self.spec.scheduling.priority * 4 / 10))
 
+    def _policies(self, *, legacy: bool) -> Policies:
+        return Policies.for_spec(
+            self.spec.policies,
+            chunk_steps=self.spec.steps_per_chunk,
+            legacy=legacy,
+            checkpoint_every=self.spec.checkpoint.every_steps,
+            max_runtime=self.spec.scheduling.max_runtime,
+        )
+
     # ================================================================== run
 
     @workflow.run
@@ -224,9 +207,7 @@ class TrainingJobWorkflow:
         # First of all, in the run's first workflow task: which lifecycle this run follows.
         self._current = workflow.patched(versions.REPLAY_SAFE)
         if not self._current:
-            self.pol = Policies.for_spec(
-                self.spec.policies, chunk_steps=self.spec.steps_per_chunk, legacy=True
-            )
+            self.pol = self._policies(legacy=True)
         info = workflow.info()
         self.s.workflow_id = info.workflow_id
         if self.s.started_at is None:
@@ -348,7 +329,11 @@ class TrainingJobWorkflow:
                     await self._pause()
                 if not self._trainer_live:
                     await self._provision()
-                await self._train()
+                # The one seam: what runs while a trainer is held.
+                if self.spec.training.program is not None:
+                    await self._run_program()
+                else:
+                    await self._train()
                 break
             except _Lost as exc:
                 lost = exc
@@ -362,14 +347,19 @@ class TrainingJobWorkflow:
         the base model), before anything is provisioned: a failure ends the job here,
         naming every field (activities/preflight.py)."""
         c, tr = self.spec.checkpoint, self.spec.training
+        program = tr.program is not None
         await self._act(
             PreflightActivities.preflight,
             PreflightInput(
                 backend=self.spec.backend,
                 base_model=self.spec.trainer.base_model,
-                loop=tr.loop,
-                metric=c.metric if c.evaluate else None,
-                dataset=tr.dataset,
+                # A program's job: the program (and its arguments) instead of the loop, the
+                # metric and the dataset (a program reads its own data).
+                loop=None if program else tr.loop,
+                program=tr.program,
+                args=dict(tr.args),
+                metric=None if program or not c.evaluate else c.metric,
+                dataset=None if program else tr.dataset,
                 validation_split=tr.validation_split,
             ),
             self.pol.lookup,
@@ -477,6 +467,25 @@ class TrainingJobWorkflow:
         )
         self._set_phase(Phase.PREPARING)
         self._session = None  # a (re)started trainer holds no model
+        if self.spec.training.program is not None:
+            # The program's proxy opens (or restores) its model once it is handed the
+            # trainer (workflows/programs.py); the route is warmed up for it here.
+            warm: WarmUpResult = await self._act(
+                ReadinessActivities.warm_up,
+                WarmUpInput(
+                    backend=self.spec.backend,
+                    trainer_job_id=self._ref().trainer_job_id,
+                    probes=self.pol.warmup_probes,
+                ),
+                self.pol.warm_up,
+                f"warm up the route ({self.pol.warmup_probes} probes)",
+                timeout_type="WarmUpTimeout",
+            )
+            self.s.route_races += warm.route_races
+            self._serving = True
+            self._to_load = None
+            self._publish()
+            return
         t = self.spec.trainer
         model = OpenModelInput(
             backend=self.spec.backend,
@@ -555,7 +564,7 @@ class TrainingJobWorkflow:
             max_context_length=self.spec.trainer.max_context_length
             or policies.DEFAULT_MAX_CONTEXT_LENGTH,
             validation_split=tr.validation_split,
-            total_steps=tr.total_steps,
+            total_steps=self.spec.total_steps,
         )
 
     def _model(self) -> TrainerSession:
@@ -615,7 +624,7 @@ class TrainingJobWorkflow:
     # ========================================================== training
 
     async def _train(self) -> None:
-        total = self.spec.training.total_steps
+        total = self.spec.total_steps
         every = self.spec.checkpoint.every_steps
         chunk = self.spec.steps_per_chunk
         while self.s.step < total:
@@ -947,7 +956,12 @@ class TrainingJobWorkflow:
 
     async def _pause(self) -> None:
         self._pauses += 1
-        if self._trainer_live and self._serving:
+        if self.spec.training.program is not None:
+            record = await self._program_checkpoint() if self._serving else None
+            self.s.paused_checkpoint = record.name if record else self._recovery_checkpoint()
+            if record:
+                self.s.step = record.step
+        elif self._trainer_live and self._serving:
             try:
                 record = await self._checkpoint(f"pause-{self._pauses}", evaluate=False)
                 self.s.step = record.step
@@ -982,7 +996,9 @@ class TrainingJobWorkflow:
     async def _final_evaluation(self) -> None:
         self._set_phase(Phase.EVALUATING)
         last = self.s.last_checkpoint
-        if not (last and last.step == self.s.step and last.metric is not None):
+        # A program evaluates itself; its final checkpoint carries its last training loss.
+        program = self.spec.training.program is not None
+        if not program and not (last and last.step == self.s.step and last.metric is not None):
             await self._evaluate()
         # The checkpoint is all promotion needs: give the GPUs back now.
         await self._delete_trainer()
@@ -1086,6 +1102,7 @@ class TrainingJobWorkflow:
         reported on its own and never replaces the job's outcome."""
         self.s.error = error
         try:
+            await self._stop_program()  # before its trainer goes (it would only meet errors)
             await self._delete_trainer()
             if phase is Phase.CANCELLED and self._promotion is not None:
                 await self._act(

@@ -57,6 +57,11 @@ INVALID_DATASET = "InvalidDataset"
 #: The base model does not exist on the backend, or is another account's (its preflight).
 INVALID_BASE_MODEL = "InvalidBaseModel"
 
+#: A program exited with a non-zero status (its stderr's tail is the message).
+PROGRAM_FAILED = "ProgramFailed"
+#: The worker asked to steer a program no longer runs it (another attempt does).
+PROGRAM_GONE = "ProgramGone"
+
 #: Errors no retry can fix, for every platform-calling activity.
 PERMANENT = [
     TRAINER_LOST,
@@ -74,6 +79,8 @@ PERMANENT = [
     LOOP_ERROR,
     INVALID_DATASET,
     INVALID_BASE_MODEL,
+    PROGRAM_FAILED,
+    PROGRAM_GONE,
 ]
 
 
@@ -200,6 +207,8 @@ class ActivityPolicy:
     retry: RetryPolicy
     schedule_to_close: timedelta | None = None
     heartbeat: timedelta | None = None
+    #: How long it may wait for a worker (only where one particular worker must take it).
+    schedule_to_start: timedelta | None = None
     #: Run as a local activity: only in runs recorded before the current lifecycle
     #: (workflows/versions.py says why current runs have none).
     local: bool = False
@@ -216,6 +225,8 @@ class ActivityPolicy:
             opts["schedule_to_close_timeout"] = self.schedule_to_close
         if self.heartbeat is not None:
             opts["heartbeat_timeout"] = self.heartbeat
+        if self.schedule_to_start is not None:
+            opts["schedule_to_start_timeout"] = self.schedule_to_start
         return opts
 
 
@@ -270,6 +281,21 @@ _CHUNK_RETRY = RetryPolicy(
 )
 
 
+# ------------------------------------------------------------------------- programs
+
+#: A cancelled (or failed) program gets this long between SIGTERM and SIGKILL: the
+#: cookbook's recipes flush their logs and metrics files on the way out in well under it.
+PROGRAM_STOP_GRACE = timedelta(seconds=10)
+#: A running program's steps and losses reach the workflow (a signal, a history event) at
+#: most this often; checkpoints and a lost trainer at once. ``watch`` sees every step
+#: sooner, in the activity's heartbeat. Every 10 s is 8,640 events a day of training.
+PROGRAM_PROGRESS_EVERY = timedelta(seconds=10)
+#: A program restarted after its worker died (the heartbeat timeout notices): the next
+#: attempt starts on another worker at once; a program that keeps dying with its workers
+#: (it is what kills them, say) fails the job after this many attempts.
+PROGRAM_ATTEMPTS = 5
+
+
 # ------------------------------------------------------------------------ the reaper
 # Trainers whose job workflow ended without its cleanup (terminated, reset, a bug): the
 # reaper (shepherd/reaper.py) deletes them.
@@ -319,6 +345,13 @@ class Policies:
     #: A cancel during promotion takes the model back, retried like cleanup (a model left
     #: behind says the cancelled job promoted), until the platform refuses for good.
     retract_model: ActivityPolicy
+    #: A program's whole run: as long as the job may run; its heartbeat notices a dead
+    #: worker, and the retry starts the program again on another one.
+    run_program: ActivityPolicy
+    #: Steering the program's proxy on its worker's own queue (attach may restore a model and
+    #: redo up to a checkpoint interval of steps); a worker that does not take it within
+    #: the schedule-to-start timeout is gone (its program restarts elsewhere).
+    program_control: ActivityPolicy
     #: Budgets enforced by the workflow.
     max_preemptions: int
     max_failures: int
@@ -329,7 +362,15 @@ class Policies:
     step_timeout: timedelta
 
     @classmethod
-    def for_spec(cls, p: PoliciesSpec, *, chunk_steps: int, legacy: bool = False) -> Policies:
+    def for_spec(
+        cls,
+        p: PoliciesSpec,
+        *,
+        chunk_steps: int,
+        legacy: bool = False,
+        checkpoint_every: int = 50,
+        max_runtime: timedelta | None = None,
+    ) -> Policies:
         """``legacy``: as runs recorded before the current lifecycle ran, warm-up and opening
         the model as local activities (the create's locality was a patch of its own)."""
         # A save of a large checkpoint can take minutes; the heartbeat, not the
@@ -349,9 +390,9 @@ class Policies:
             wait_resumable=_poll(min(p.poll_interval, timedelta(seconds=2)), p.ready_timeout),
             # One attempt is at most WARMUP_ATTEMPT_BUDGET of probes (each bounded by the
             # client's request timeout); its keepalive notices a dead worker.
-            # Legacy runs only (current runs warm up inside open_model).
+            # Program jobs (a loop's job warms up inside open_model); legacy runs, locally.
             warm_up=ActivityPolicy(
-                local=True,
+                local=legacy,
                 start_to_close=timedelta(seconds=45),
                 schedule_to_close=p.warmup_timeout,
                 retry=_WARM_UP_RETRY,
@@ -399,6 +440,23 @@ class Policies:
                     maximum_attempts=0,
                     non_retryable_error_types=PERMANENT,
                 ),
+            ),
+            run_program=ActivityPolicy(
+                start_to_close=max_runtime or timedelta(days=30),
+                heartbeat=p.heartbeat_timeout,
+                retry=RetryPolicy(
+                    initial_interval=timedelta(seconds=1),
+                    backoff_coefficient=2.0,
+                    maximum_interval=timedelta(seconds=30),
+                    maximum_attempts=PROGRAM_ATTEMPTS,
+                    non_retryable_error_types=PERMANENT,
+                ),
+            ),
+            program_control=ActivityPolicy(
+                start_to_close=p.step_timeout * (checkpoint_every + 2) + timedelta(minutes=2),
+                schedule_to_start=timedelta(seconds=15),
+                heartbeat=None,
+                retry=RetryPolicy(maximum_attempts=1),
             ),
             max_preemptions=p.max_preemptions,
             max_failures=p.max_failures,

@@ -1,0 +1,343 @@
+"""Programs: an unmodified Tinker program runs inside one long activity, behind the job's
+data-plane proxy (shepherd/proxy), while the workflow keeps owning the trainer.
+
+``run_program`` starts the proxy, tells the workflow where this run can be reached (the
+worker's own *control queue*: a task queue only this worker process polls), starts the
+program as a subprocess (its own process group, killed with the worker) whose
+``TINKER_BASE_URL``/``TINKER_API_KEY`` are the proxy's, forwards what the proxy reports
+(steps, losses, checkpoints, a trainer it saw die) to the workflow as signals, heartbeats,
+and ends with the program: exit 0 completes the job's training, another exit status fails
+the job with the tail of the program's stderr. A cancel stops the program (SIGTERM to its
+process group, SIGKILL after ``policies.PROGRAM_STOP_GRACE``).
+
+The workflow steers the proxy through the control activities, on that control queue:
+``program_attach`` (a trainer is ready: serve from it, restoring the program's model after a
+death or a pause), ``program_detach`` (the trainer is gone: hold the program's requests),
+``program_checkpoint`` (a pause: checkpoint now, then hold).
+
+A worker's death kills the program with it (``PR_SET_PDEATHSIG``); the heartbeat timeout then
+retries the activity on another worker, which starts the program again in the same durable
+log directory: a program that resumes from its own checkpoints goes on from there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.base import ClientProvider, keepalive, log
+from shepherd import programs
+from shepherd.models import (
+    CheckpointRecord,
+    ProgramAttachInput,
+    ProgramAttachResult,
+    ProgramControlInput,
+    ProgramProgress,
+    ProgramResult,
+    ProgramStarted,
+    RunProgramInput,
+)
+from workflows import policies
+
+if TYPE_CHECKING:  # the proxy (and its web server) loads in the worker that runs a program
+    from shepherd.proxy import ProgramProxy, ProxyEvent, ProxySettings
+
+#: Lines of the program's stderr kept for the error of a failed program.
+STDERR_TAIL = 40
+
+
+class Backends(ClientProvider, Protocol):
+    @property
+    def profiles(self) -> Mapping[str, Any]: ...
+
+
+@dataclass
+class _Run:
+    """One program run on this worker: its proxy, and what the workflow has yet to be told."""
+
+    proxy: ProgramProxy
+    events: asyncio.Queue[ProxyEvent]
+    step: int = 0
+    last_loss: float | None = None
+    losses: list[tuple[int, float]] = field(default_factory=list)
+    checkpoints: list[CheckpointRecord] = field(default_factory=list)
+    trainer_lost: str | None = None
+    dirty: bool = False
+
+
+def _die_with_worker() -> None:
+    """In the child, before exec: SIGKILL when the worker process dies (Linux), so a
+    crashed worker never leaves a program training on behind it."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+class ProgramActivities:
+    def __init__(self, clients: Backends, control_queue: str) -> None:
+        self.clients = clients
+        #: The task queue only this worker process polls (workers/main.py).
+        self.control_queue = control_queue
+        self._runs: dict[str, _Run] = {}
+
+    # ------------------------------------------------------------------ the run
+
+    def _environment(self, proxy: ProgramProxy, program: programs.Program) -> dict[str, str]:
+        """The worker's environment without any platform key (or Temporal credential),
+        with the proxy as the program's Tinker endpoint."""
+        secret = {"TEMPORAL_API_KEY", "TEMPORAL_TLS_KEY", "SHEPHERD_PLANE_ADMIN_KEY"}
+        for profile in self.clients.profiles.values():
+            name = getattr(profile, "api_key_env", None)
+            if name:
+                secret.add(name)
+        env = {k: v for k, v in os.environ.items() if k not in secret}
+        env.update(program.env)
+        env.update(
+            {
+                "TINKER_BASE_URL": proxy.url,
+                "TINKER_API_KEY": proxy.api_key,
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        return env
+
+    @activity.defn(name="run_program")
+    async def run_program(self, inp: RunProgramInput) -> ProgramResult:
+        info = activity.info()
+        workflow_id = info.workflow_id or ""
+        try:
+            program = programs.resolve(inp.program)
+            program.check_args(inp.args)
+        except programs.ProgramError as exc:
+            raise ApplicationError(str(exc), type=policies.LOOP_ERROR, non_retryable=True) from None
+        from shepherd.proxy import ProgramProxy
+
+        directory = programs.log_dir(workflow_id)
+        directory.mkdir(parents=True, exist_ok=True)
+        events: asyncio.Queue[ProxyEvent] = asyncio.Queue()
+        proxy = ProgramProxy(
+            self.clients.client(inp.backend), _proxy_settings(inp), on_event=events.put
+        )
+        run = _Run(proxy=proxy, events=events)
+        await run.proxy.start()
+        self._runs[workflow_id] = run
+        handle = activity.client().get_workflow_handle(workflow_id)
+        logger = log(program=inp.program)
+        try:
+            await handle.signal(
+                "program_started",
+                ProgramStarted(
+                    control_queue=self.control_queue,
+                    attempt=info.attempt,
+                    total_steps=program.total_steps(inp.args),
+                ),
+            )
+            argv = program.command(sys.executable, inp.args, directory)
+            logger.info("program.starting", argv=argv[1:], log_dir=str(directory))
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=self._environment(run.proxy, program),
+                cwd=directory,
+                start_new_session=True,
+                preexec_fn=_die_with_worker,
+            )
+            tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL)
+            output = directory / programs.OUTPUT_FILE
+            pumps = [
+                asyncio.ensure_future(_pump(proc.stdout, "stdout", output, None)),
+                asyncio.ensure_future(_pump(proc.stderr, "stderr", output, tail)),
+            ]
+            reporter = asyncio.ensure_future(self._report(handle, run))
+            progress: dict[str, Any] = {"program_pid": proc.pid}
+            try:
+                async with keepalive(progress, policies.KEEPALIVE):
+                    while proc.returncode is None:
+                        progress.update(step=run.step, loss=run.last_loss)
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(proc.wait(), 1.0)
+            except asyncio.CancelledError:
+                await _stop(proc, policies.PROGRAM_STOP_GRACE.total_seconds())
+                logger.info("program.stopped", reason="cancelled")
+                raise
+            finally:
+                if proc.returncode is None:  # an error above: never leave it running
+                    await _stop(proc, policies.PROGRAM_STOP_GRACE.total_seconds())
+                await asyncio.gather(*pumps, return_exceptions=True)
+            code = proc.returncode
+            logger.info("program.exited", code=code)
+            if code != 0:
+                said = "\n".join(tail) or "(nothing on stderr)"
+                raise ApplicationError(
+                    f"program {inp.program!r} exited with status {code}; its stderr ends:\n{said}"[
+                        -4000:
+                    ],
+                    type=policies.PROGRAM_FAILED,
+                    non_retryable=True,
+                )
+            # The program's final weights as a Shepherd checkpoint (promotion takes one).
+            final = await run.proxy.checkpoint_now()
+            if final is not None:
+                run.checkpoints.append(final)
+                run.dirty = True
+            reporter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reporter
+            await self._flush(handle, run)
+            return ProgramResult(exit_code=code, step=run.step)
+        finally:
+            self._runs.pop(workflow_id, None)
+            await run.proxy.close()
+
+    async def _report(self, handle: Any, run: _Run) -> None:
+        """Forward the proxy's events to the workflow: checkpoints and a lost trainer at
+        once, steps and losses at most every ``PROGRAM_PROGRESS_EVERY`` (each signal is a
+        history event)."""
+        last = 0.0
+        while True:
+            try:
+                event = await asyncio.wait_for(
+                    run.events.get(), policies.PROGRAM_PROGRESS_EVERY.total_seconds()
+                )
+            except TimeoutError:
+                event = None
+            if event is not None and self._absorb(run, event):
+                await self._flush(handle, run)
+                last = time.monotonic()
+                continue
+            if run.dirty and (
+                time.monotonic() - last >= policies.PROGRAM_PROGRESS_EVERY.total_seconds()
+            ):
+                await self._flush(handle, run)
+                last = time.monotonic()
+
+    @staticmethod
+    def _absorb(run: _Run, event: ProxyEvent) -> bool:
+        """Take ``event`` into the run's progress; True if it must reach the workflow now."""
+        if event.kind == "step":
+            run.step = max(run.step, event.step or 0)
+            if event.loss is not None:
+                run.last_loss = event.loss
+                run.losses.append((event.step or 0, event.loss))
+            run.dirty = True
+            return False
+        if event.kind == "checkpoint" and event.checkpoint is not None:
+            run.checkpoints.append(event.checkpoint)
+            run.dirty = True
+            return True
+        if event.kind == "trainer_lost":
+            run.trainer_lost = event.detail or "the trainer stopped answering"
+            run.dirty = True
+            return True
+        return False
+
+    @staticmethod
+    async def _flush(handle: Any, run: _Run) -> None:
+        if not run.dirty:
+            return
+        sent = ProgramProgress(
+            step=run.step,
+            last_loss=run.last_loss,
+            losses=run.losses,
+            checkpoints=run.checkpoints,
+            trainer_lost=run.trainer_lost,
+        )
+        run.losses, run.checkpoints, run.trainer_lost, run.dirty = [], [], None, False
+        await handle.signal("program_progress", sent)
+
+    # ------------------------------------------------------------ the controls
+
+    def _run(self) -> _Run:
+        workflow_id = activity.info().workflow_id or ""
+        run = self._runs.get(workflow_id)
+        if run is None:
+            # This worker no longer runs the program (it ended, or another attempt runs
+            # elsewhere): the workflow waits for the attempt that does.
+            raise ApplicationError(
+                f"no program of {workflow_id} runs on this worker",
+                type=policies.PROGRAM_GONE,
+                non_retryable=True,
+            )
+        return run
+
+    @activity.defn(name="program_attach")
+    async def program_attach(self, inp: ProgramAttachInput) -> ProgramAttachResult:
+        run = self._run()
+        done = await run.proxy.attach(inp.trainer_job_id)
+        log(trainer_job_id=inp.trainer_job_id).info("program.attached", **done.model_dump())
+        return ProgramAttachResult.model_validate(done.model_dump())
+
+    @activity.defn(name="program_detach")
+    async def program_detach(self, inp: ProgramControlInput) -> None:
+        self._run().proxy.detach(inp.reason)
+
+    @activity.defn(name="program_checkpoint")
+    async def program_checkpoint(self, inp: ProgramControlInput) -> CheckpointRecord | None:
+        return await self._run().proxy.checkpoint_now()
+
+
+def _proxy_settings(inp: RunProgramInput) -> ProxySettings:
+    from shepherd.proxy import ProxySettings
+
+    s = inp.settings
+    return ProxySettings(
+        trainer_base_model=s.base_model,
+        lora_rank=s.lora_rank,
+        checkpoint_every=s.checkpoint_every,
+        call_timeout_s=s.call_timeout_s,
+        route_race_retries=s.route_race_retries,
+        route_race_window_s=s.route_race_window_s,
+    )
+
+
+async def _pump(
+    stream: asyncio.StreamReader | None,
+    name: str,
+    output: Path,
+    tail: collections.deque[str] | None,
+) -> None:
+    """The program's output, line by line, into its log file (stamped; ``shepherd logs``
+    shows it tagged [program]); stderr's last lines also into ``tail``."""
+    if stream is None:
+        return
+    with output.open("a", encoding="utf-8") as sink:
+        while line := await stream.readline():
+            text = line.decode("utf-8", "replace").rstrip("\n")
+            if tail is not None:
+                tail.append(text)
+            stamp = datetime.now(UTC).isoformat(timespec="milliseconds")
+            sink.write(json.dumps({"t": stamp, "stream": name, "line": text}) + "\n")
+            sink.flush()
+
+
+async def _stop(proc: asyncio.subprocess.Process, grace_s: float) -> None:
+    """SIGTERM to the program's process group; SIGKILL after ``grace_s``."""
+    if proc.returncode is not None:
+        return
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            await asyncio.wait_for(proc.wait(), wait)
+            return
+        except TimeoutError:
+            continue

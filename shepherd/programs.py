@@ -1,0 +1,222 @@
+"""Programs: unmodified Tinker programs, registered with the workers by name.
+
+A program owns its loop and builds its own ``tinker.ServiceClient`` (a tinker-cookbook
+recipe, a user's script). A job names one (``training.program``) and gives it ``key=value``
+arguments (``training.args``); it never carries a command. The registration fixes the
+command: a module run with ``python -m`` (or a script file), its fixed leading arguments,
+which argument receives the job's durable log directory, and which argument (if any) gives
+its total of optimizer steps. The program runs with ``TINKER_BASE_URL`` and ``TINKER_API_KEY``
+pointing at the job's data-plane proxy (shepherd/proxy), never at the trainer.
+
+Where programs come from:
+
+* built in, when ``tinker-cookbook`` is installed: ``cookbook-chat-sl``
+  (``tinker_cookbook.recipes.chat_sl.train``) and ``cookbook-math-rl``
+  (``tinker_cookbook.recipes.math_rl.train``), each resuming from its own log directory
+  (``behavior_if_log_dir_exists=resume``) when its worker restarts it;
+* the ``shepherd.programs`` entry-point group of installed packages (each a :class:`Program`
+  or the mapping below);
+* the worker's ``SHEPHERD_PROGRAMS`` environment variable: a JSON object, name ->
+  ``{"module": "pkg.mod" | "script": "/abs/file.py", "args": ["k=v", ...],
+  "log_dir_arg": "log_path", "total_steps_arg": "max_steps", "env": {"K": "v"}}``.
+
+Where a job's log directory lives: ``<SHEPHERD_PROGRAM_DIR>/<workflow id>`` (a shared volume
+in production, so the program restarted on another worker finds its own checkpoints there),
+else ``<state dir>/programs/<workflow id>`` of the worker.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from shepherd.spec import PROGRAM_ARG_KEY, PROGRAM_NAME
+
+ENTRY_POINT_GROUP = "shepherd.programs"
+ENV_VAR = "SHEPHERD_PROGRAMS"
+DIR_ENV_VAR = "SHEPHERD_PROGRAM_DIR"
+#: The program's output, one stamped line each, in its log directory (``shepherd logs``).
+OUTPUT_FILE = "program.log"
+
+
+class ProgramError(ValueError):
+    """A registration that cannot be used, or a job's arguments a program refuses."""
+
+
+@dataclass(frozen=True)
+class Program:
+    name: str
+    #: ``python -m <module>``, or ``python <script>``.
+    module: str | None = None
+    script: str | None = None
+    #: Leading arguments the registration fixes (a spec cannot change them).
+    args: tuple[str, ...] = ()
+    #: The ``key`` that receives the job's log directory (``key=<dir>``), if any.
+    log_dir_arg: str | None = None
+    #: The ``key`` whose value is the program's total of optimizer steps, if any.
+    total_steps_arg: str | None = None
+    #: Extra environment of the program.
+    env: Mapping[str, str] = field(default_factory=dict)
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not PROGRAM_NAME.match(self.name):
+            raise ProgramError(f"program name {self.name!r}: 1-63 characters of a-z, 0-9, _ and -")
+        if (self.module is None) == (self.script is None):
+            raise ProgramError(f"program {self.name!r}: give exactly one of module and script")
+        if self.script is not None and not Path(self.script).is_absolute():
+            raise ProgramError(f"program {self.name!r}: script must be an absolute path")
+
+    @property
+    def fixed_keys(self) -> set[str]:
+        """The keys a job may not set: the registration's own and the log directory's."""
+        keys = {a.split("=", 1)[0] for a in self.args if "=" in a}
+        if self.log_dir_arg:
+            keys.add(self.log_dir_arg)
+        return keys
+
+    def check_args(self, args: Mapping[str, Any]) -> None:
+        taken = sorted(self.fixed_keys & set(args))
+        if taken:
+            raise ProgramError(
+                f"training.args: {', '.join(taken)} set by program {self.name!r}'s registration "
+                "(Shepherd passes them); leave them out"
+            )
+        for key in args:
+            if not PROGRAM_ARG_KEY.match(key):
+                raise ProgramError(f"training.args: {key!r} is not a key=value key")
+
+    def total_steps(self, args: Mapping[str, Any]) -> int | None:
+        """The total its arguments give (the registration's ``total_steps_arg``), if any."""
+        if self.total_steps_arg is None:
+            return None
+        value = args.get(self.total_steps_arg)
+        if value is None:
+            for fixed in self.args:
+                key, sep, text = fixed.partition("=")
+                if sep and key == self.total_steps_arg:
+                    value = text
+        try:
+            return int(value) if value is not None and not isinstance(value, bool) else None
+        except (TypeError, ValueError):
+            return None
+
+    def command(self, python: str, args: Mapping[str, Any], log_dir: Path) -> list[str]:
+        """The program's argv: each argument one item (never a shell line)."""
+        self.check_args(args)
+        argv = [python, "-m", self.module] if self.module else [python, str(self.script)]
+        argv += list(self.args)
+        argv += [f"{key}={_text(value)}" for key, value in args.items()]
+        if self.log_dir_arg:
+            argv.append(f"{self.log_dir_arg}={log_dir}")
+        return argv
+
+    @classmethod
+    def from_mapping(cls, name: str, data: Any) -> Program:
+        if isinstance(data, Program):
+            return data
+        if not isinstance(data, Mapping):
+            raise ProgramError(f"program {name!r}: the registration must be an object")
+        known = {"module", "script", "args", "log_dir_arg", "total_steps_arg", "env", "description"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ProgramError(f"program {name!r}: unknown fields {', '.join(unknown)}")
+        args = data.get("args", [])
+        env = data.get("env", {})
+        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+            raise ProgramError(f"program {name!r}: args must be a list of strings")
+        if not isinstance(env, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+        ):
+            raise ProgramError(f"program {name!r}: env must map strings to strings")
+        return cls(
+            name=name,
+            module=data.get("module"),
+            script=data.get("script"),
+            args=tuple(args),
+            log_dir_arg=data.get("log_dir_arg"),
+            total_steps_arg=data.get("total_steps_arg"),
+            env=dict(env),
+            description=str(data.get("description", "")),
+        )
+
+
+def _text(value: Any) -> str:
+    """A YAML scalar as its program reads it (chz parses True/False, numbers, strings)."""
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    return str(value)
+
+
+def _cookbook() -> dict[str, Program]:
+    if importlib.util.find_spec("tinker_cookbook") is None:
+        return {}
+    resume = "behavior_if_log_dir_exists=resume"
+    return {
+        "cookbook-chat-sl": Program(
+            name="cookbook-chat-sl",
+            module="tinker_cookbook.recipes.chat_sl.train",
+            args=(resume,),
+            log_dir_arg="log_path",
+            total_steps_arg="max_steps",
+            description="tinker-cookbook: supervised fine-tuning on chat data (chat_sl)",
+        ),
+        "cookbook-math-rl": Program(
+            name="cookbook-math-rl",
+            module="tinker_cookbook.recipes.math_rl.train",
+            args=(resume,),
+            log_dir_arg="log_path",
+            total_steps_arg="max_steps",
+            description="tinker-cookbook: RL on math problems (math_rl; env=arithmetic offline)",
+        ),
+    }
+
+
+def registered(env: Mapping[str, str] | None = None) -> dict[str, Program]:
+    """Every program this worker knows, by name."""
+    env = os.environ if env is None else env
+    found = _cookbook()
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            found[ep.name] = Program.from_mapping(ep.name, ep.load())
+        except Exception as exc:  # noqa: BLE001 - a broken package is reported, not a crash
+            raise ProgramError(f"entry point {ep.value!r} ({ep.name}): {exc}") from None
+    raw = env.get(ENV_VAR, "").strip()
+    if raw:
+        try:
+            data = json.loads(raw)
+        except ValueError as exc:
+            raise ProgramError(f"{ENV_VAR}: not a JSON object ({exc})") from None
+        if not isinstance(data, dict):
+            raise ProgramError(f"{ENV_VAR}: must be a JSON object, name -> registration")
+        for name, registration in data.items():
+            found[name] = Program.from_mapping(name, registration)
+    return found
+
+
+def resolve(name: str, env: Mapping[str, str] | None = None) -> Program:
+    programs = registered(env)
+    if name not in programs:
+        raise ProgramError(
+            f"training.program: no program {name!r} is registered on this worker (known: "
+            f"{', '.join(sorted(programs)) or 'none'}); register it with {ENV_VAR}="
+            '\'{"<name>": {"module": "<pkg.module>", "log_dir_arg": "log_path"}}\' or the '
+            f"{ENTRY_POINT_GROUP!r} entry-point group"
+        )
+    return programs[name]
+
+
+def log_dir(workflow_id: str, env: Mapping[str, str] | None = None) -> Path:
+    """The job's durable log directory (the same for every attempt of its program)."""
+    env = os.environ if env is None else env
+    root = env.get(DIR_ENV_VAR)
+    if root:
+        return Path(root) / workflow_id
+    state = Path(env.get("SHEPHERD_STATE_DIR", ".shepherd"))
+    return (state / "programs" / workflow_id).resolve()
