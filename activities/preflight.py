@@ -40,6 +40,19 @@ class PreflightActivities:
             problems.append((policies.INVALID_DATASET, f"training.dataset: {problem}"))
         if problem := await self._base_model_problem(inp):
             problems.append((policies.INVALID_BASE_MODEL, f"trainer.base_model: {problem}"))
+        for field, deployment in inp.deployments.items():
+            try:
+                await self.clients.client(inp.backend).get_deployment(deployment)
+            except NotFound:
+                problems.append(
+                    (
+                        policies.INVALID_REQUEST,
+                        f"{field}: deployment {deployment} does not exist on backend "
+                        f"{inp.backend!r}",
+                    )
+                )
+            except PlatformError as exc:
+                raise translate(exc, f"looking deployment {deployment} up") from None
         if problems:
             log().info("job.preflight_refused", problems=[p for _, p in problems])
             raise refusal("; ".join(p for _, p in problems), problems[0][0])

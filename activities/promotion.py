@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.base import ClientProvider, log, not_ready, refusal, translate
-from shepherd.models import ModelInfo, PromoteInput
-from shepherd.platform import AlreadyExists, NotFound, PlatformError
+from shepherd.models import DeploymentSnapshot, ModelInfo, PromoteInput, PublishInput
+from shepherd.platform import AlreadyExists, NotFound, PlatformError, rules
 from shepherd.platform.models import Model
 from workflows import policies
 
@@ -93,6 +95,51 @@ class PromotionActivities:
         log(trainer_job_id=inp.trainer_job_id).info("model.retracted", model=inp.model_id)
         return True
 
+    @activity.defn(name="publish_to_deployment")
+    async def publish_to_deployment(self, inp: PublishInput) -> DeploymentSnapshot:
+        """Hot-load the checkpoint onto the deployment and wait until every replica serves
+        it (polling by retries: each attempt looks, loads if nothing is loading it, and says
+        NotReady while a replica still loads)."""
+        client = self.clients.client(inp.backend)
+        try:
+            deployment = await client.get_deployment(inp.deployment)
+            base_model = str(deployment.get("baseModel") or inp.base_model)
+            # A deployment hot-loads the snapshots of the trainer job it is attached to.
+            m = rules.CHECKPOINT_NAME_RE.match(inp.checkpoint)
+            if m and not str(deployment.get("hotLoadTrainerJob", "")).endswith(f"/{m['job']}"):
+                deployment = await client.link_deployment(inp.deployment, m["job"])
+            state = await client.hot_load_status(inp.deployment, base_model)
+            replicas = state.get("replicas") or []
+            if not _serving(replicas, inp.checkpoint) and not _loading(replicas, inp.checkpoint):
+                await client.hot_load(inp.deployment, inp.checkpoint, base_model)
+                state = await client.hot_load_status(inp.deployment, base_model)
+                replicas = state.get("replicas") or []
+        except NotFound:
+            raise ApplicationError(
+                f"output.hot_load_deployment: deployment {inp.deployment} does not exist",
+                type=policies.INVALID_REQUEST,
+                non_retryable=True,
+            ) from None
+        except PlatformError as exc:
+            raise translate(exc, f"hot-loading {inp.checkpoint} onto {inp.deployment}") from None
+        failed = [r for r in replicas if (r.get("loading_state") or {}).get("stage") == "error"]
+        if failed:
+            said = (failed[0].get("loading_state") or {}).get("message") or "no message"
+            raise ApplicationError(
+                f"hot-loading {inp.checkpoint} onto {inp.deployment} failed: {said}",
+                type=policies.INVALID_REQUEST,
+                non_retryable=True,
+            )
+        if not _serving(replicas, inp.checkpoint):
+            raise not_ready(f"deployment {inp.deployment} is still loading {inp.checkpoint}")
+        snapshot = (await client.get_deployment(inp.deployment)).get("currentSnapshot") or {}
+        log().info("deployment.published", deployment=inp.deployment, checkpoint=inp.checkpoint)
+        return DeploymentSnapshot(
+            deployment=str(deployment.get("name") or inp.deployment),
+            identity=inp.checkpoint,
+            weights_digest=snapshot.get("weightsDigest"),
+        )
+
     @activity.defn(name="wait_for_model")
     async def wait_for_model(self, inp: PromoteInput) -> ModelInfo:
         client = self.clients.client(inp.backend)
@@ -111,3 +158,19 @@ class PromotionActivities:
                 non_retryable=True,
             )
         raise not_ready(f"model {inp.model_id} is {model.state}")
+
+
+def _serving(replicas: list[dict[str, Any]], identity: str) -> bool:
+    return bool(replicas) and all(
+        r.get("current_snapshot_identity") == identity
+        and (r.get("loading_state") or {}).get("stage") in (None, "done", "idle")
+        for r in replicas
+    )
+
+
+def _loading(replicas: list[dict[str, Any]], identity: str) -> bool:
+    return any(
+        (r.get("loading_state") or {}).get("target_snapshot_identity") == identity
+        and (r.get("loading_state") or {}).get("stage") not in ("done", "error", "idle")
+        for r in replicas
+    )

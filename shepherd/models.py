@@ -207,10 +207,30 @@ class PreflightInput(Model):
     #: The program the job runs, and its arguments (checked against its registration).
     program: str | None = None
     args: dict[str, Any] = Field(default_factory=dict)
+    #: Deployments the spec names, by field (``trainer.hot_load_deployment`` ...): they exist.
+    deployments: dict[str, str] = Field(default_factory=dict)
     #: The metric the job tracks (None: nothing is evaluated).
     metric: str | None = None
     dataset: str | None = None
     validation_split: float = 0.1
+
+
+class PublishInput(Model):
+    """Hot-load a sampler checkpoint onto a serving deployment (``output.hot_load_deployment``)."""
+
+    backend: str
+    deployment: str
+    #: The sampler checkpoint's resource name (the snapshot's identity).
+    checkpoint: str
+    base_model: str
+
+
+class DeploymentSnapshot(Model):
+    """What a deployment serves after the job published to it."""
+
+    deployment: str
+    identity: str
+    weights_digest: str | None = None
 
 
 # ---------------------------------------------------------------------------- programs
@@ -416,6 +436,8 @@ class JobStatus(Model):
     started_at: datetime | None = None
     updated_at: datetime | None = None
     model: ModelInfo | None = None
+    #: The deployment the job published its checkpoint to (``output.hot_load_deployment``).
+    deployment: DeploymentSnapshot | None = None
     error: ErrorInfo | None = None
     cleanup: str = "pending"
     paused_checkpoint: str | None = None

@@ -65,6 +65,7 @@ with workflow.unsafe.imports_passed_through():
         PreflightInput,
         PromoteInput,
         PruneCheckpointsInput,
+        PublishInput,
         RecoveryRecord,
         ResolveShapeInput,
         ResumeRequest,
@@ -341,6 +342,8 @@ class TrainingJobWorkflow(ProgramSeam):
                 continue
         await self._final_evaluation()
         await self._promote()
+        if self.spec.output.hot_load_deployment and self._adopted(versions.PUBLISHES):
+            await self._publish_to_deployment()
 
     async def _preflight(self) -> None:
         """What only a worker can check (the loop, the metric it reports, the dataset,
@@ -361,6 +364,14 @@ class TrainingJobWorkflow(ProgramSeam):
                 metric=None if program or not c.evaluate else c.metric,
                 dataset=None if program else tr.dataset,
                 validation_split=tr.validation_split,
+                deployments={
+                    field: name
+                    for field, name in (
+                        ("trainer.hot_load_deployment", self.spec.trainer.hot_load_deployment),
+                        ("output.hot_load_deployment", self.spec.output.hot_load_deployment),
+                    )
+                    if name
+                },
             ),
             self.pol.lookup,
             "preflight: loop, metric, dataset, base model",
@@ -1039,6 +1050,29 @@ class TrainingJobWorkflow(ProgramSeam):
         self._promotion = None
         self.s.model = model
         self._upsert([sa.MODEL.value_set(model.name)])
+
+    async def _publish_to_deployment(self) -> None:
+        """Serve the job's result: hot-load the promoted checkpoint (or, promoting none, the
+        best or last) onto ``output.hot_load_deployment``."""
+        deployment = self.spec.output.hot_load_deployment
+        assert deployment is not None
+        output = self.spec.output
+        chosen = self.s.best if output.promote == "best" else self.s.last_checkpoint
+        chosen = chosen or self.s.best or self.s.last_checkpoint
+        if chosen is None:
+            return
+        self.s.deployment = await self._act(
+            PromotionActivities.publish_to_deployment,
+            PublishInput(
+                backend=self.spec.backend,
+                deployment=deployment,
+                checkpoint=chosen.sampler or chosen.name,
+                base_model=self.spec.trainer.base_model,
+            ),
+            self.pol.publish,
+            f"hot-load {chosen.name.rsplit('/', 1)[-1]} onto {deployment}",
+        )
+        self._publish()
 
     async def _checkpoint_problem(self, checkpoint: str) -> str | None:
         """Why a trainer of this job cannot start from ``checkpoint`` (None: it can)."""

@@ -338,6 +338,9 @@ class Policies:
     #: Promotion can take minutes on the hosted platform; waiting for the model is polling.
     promote: ActivityPolicy
     wait_model: ActivityPolicy
+    #: Hot-loading onto a deployment: a load, then polling (by retries) until every replica
+    #: serves it; a big model loads in minutes.
+    publish: ActivityPolicy
     #: Housekeeping; failure only keeps an extra checkpoint.
     prune: ActivityPolicy
     #: Cleanup retries until it succeeds: a leaked trainer burns GPUs for days.
@@ -420,6 +423,17 @@ class Policies:
             resume_trainer=ActivityPolicy(start_to_close=timedelta(seconds=45), retry=_TRANSIENT),
             promote=ActivityPolicy(start_to_close=timedelta(minutes=2), retry=_TRANSIENT),
             wait_model=_poll(timedelta(seconds=2), timedelta(hours=1)),
+            publish=ActivityPolicy(
+                start_to_close=timedelta(minutes=2),
+                schedule_to_close=timedelta(minutes=30),
+                retry=RetryPolicy(
+                    initial_interval=timedelta(seconds=2),
+                    backoff_coefficient=1.0,
+                    maximum_interval=timedelta(seconds=2),
+                    maximum_attempts=0,
+                    non_retryable_error_types=PERMANENT,
+                ),
+            ),
             prune=ActivityPolicy(start_to_close=timedelta(minutes=2), retry=_TRANSIENT),
             delete_trainer=ActivityPolicy(
                 start_to_close=timedelta(seconds=45),

@@ -61,8 +61,10 @@ LOCAL_FAILURES_HANDLED = "local-activity-failures-are-handled"
 RESTARTS_APART = "platform-restarts-are-not-preemptions"
 #: The job's first activity checks what only a worker can (activities/preflight.py).
 PREFLIGHT = "preflight-before-provisioning"
+#: A job hot-loads its checkpoint onto ``output.hot_load_deployment`` at the end.
+PUBLISHES = "publishes-to-deployment"
 #: All of them.
-ADOPTED = (CANCEL_CHECKED, LOCAL_FAILURES_HANDLED, RESTARTS_APART, PREFLIGHT)
+ADOPTED = (CANCEL_CHECKED, LOCAL_FAILURES_HANDLED, RESTARTS_APART, PREFLIGHT, PUBLISHES)
 
 
 def marker_in_sight(patch_id: str) -> bool:

@@ -83,6 +83,7 @@ class JsonTransport:
         json_body: Any = None,
         data_plane: bool = False,
         timeout: float | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> Any:
         request = self.http.build_request(
             method,
@@ -90,6 +91,7 @@ class JsonTransport:
             params={k: v for k, v in (params or {}).items() if v is not None},
             json=json_body,
             timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+            headers=headers,
         )
         try:
             response = await self.http.send(request)
@@ -361,6 +363,49 @@ class PlatformClient:
             url = f"{await self._account_url()}/models/{_q(model_id)}"
         body = await self._t.request("GET", url)
         return Model.model_validate(body)
+
+    # ------------------------------------------------------------- deployments
+
+    async def get_deployment(self, deployment_id: str) -> dict[str, Any]:
+        deployment_id = deployment_id.rsplit("/", 1)[-1]
+        url = f"{await self._account_url()}/deployments/{_q(deployment_id)}"
+        body: dict[str, Any] = await self._t.request("GET", url)
+        return body
+
+    async def link_deployment(self, deployment_id: str, trainer_job: str) -> dict[str, Any]:
+        """Attach the deployment to ``trainer_job`` (its snapshots are what it hot-loads)."""
+        deployment_id = deployment_id.rsplit("/", 1)[-1]
+        url = f"{await self._account_url()}/deployments/{_q(deployment_id)}"
+        body: dict[str, Any] = await self._t.request(
+            "PATCH",
+            url,
+            params={"updateMask": "hot_load_trainer_job"},
+            json_body={"hotLoadTrainerJob": await self.job_name(trainer_job)},
+        )
+        return body
+
+    async def _hot_load_headers(self, deployment_id: str, base_model: str) -> dict[str, str]:
+        name = f"accounts/{await self.account_id()}/deployments/{deployment_id.rsplit('/', 1)[-1]}"
+        return {"fireworks-deployment": name, "fireworks-model": base_model}
+
+    async def hot_load(self, deployment_id: str, identity: str, base_model: str) -> dict[str, Any]:
+        """Load the snapshot ``identity`` (a sampler checkpoint) onto the deployment."""
+        body: dict[str, Any] = await self._t.request(
+            "POST",
+            f"{self.base_url}/hot_load/v1/models/hot_load",
+            json_body={"identity": identity},
+            headers=await self._hot_load_headers(deployment_id, base_model),
+        )
+        return body
+
+    async def hot_load_status(self, deployment_id: str, base_model: str) -> dict[str, Any]:
+        """Each replica's loading state (``replicas[].loading_state.stage``)."""
+        body: dict[str, Any] = await self._t.request(
+            "GET",
+            f"{self.base_url}/hot_load/v1/models/hot_load",
+            headers=await self._hot_load_headers(deployment_id, base_model),
+        )
+        return body
 
     async def delete_model(self, model_id: str) -> None:
         """Delete a model; a promotion still making it is cancelled (it never gets READY)."""
