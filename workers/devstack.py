@@ -330,6 +330,8 @@ class DevStack:
                     "TEMPORAL_ADDRESS": self.temporal.address,
                     "SHEPHERD_BACKEND_LOCAL_URL": self.plane.url,
                     "SHEPHERD_PLANE_API_KEY": self.plane.api_key,
+                    # Program jobs' log directories (shepherd logs reads them from here).
+                    "SHEPHERD_PROGRAM_DIR": str(self.program_dir),
                     **example_loops(),
                 },
                 task_queue=self.task_queue,
@@ -365,7 +367,12 @@ class DevStack:
                 "worker": self.worker.proc.pid,
             },
             "logs": str(self.state_dir / "logs"),
+            "program_dir": str(self.program_dir),
         }
+
+    @property
+    def program_dir(self) -> Path:
+        return (self.state_dir / "programs").resolve()
 
     def dead(self) -> str | None:
         """The name of a service that exited on its own, if any."""

@@ -70,6 +70,8 @@ class LogLine:
     def human(self) -> str:
         if self.source == "shepherd":
             tag = "[shepherd]"
+        elif self.source == "program":
+            tag = "[program]"
         else:
             again = f", run {self.run}" if self.run and self.run > 1 else ""
             tag = f"[trainer g{self.generation if self.generation is not None else '?'}{again}]"
@@ -144,6 +146,8 @@ class Lifecycle:
         self._converter = converter
         self.workflow_type: str | None = None
         self.backend: str | None = None
+        #: The program the job runs (None: a loop).
+        self.program: str | None = None
         self.trainers: dict[str, datetime] = {}
         self.deleted: set[str] = set()
         self.runs = 0
@@ -195,6 +199,7 @@ class Lifecycle:
         inp = self._arg(a.input.payloads)
         spec = _dict(inp.get("spec"))
         self.backend = spec.get("backend") or self.backend
+        self.program = _dict(spec.get("training")).get("program") or self.program
         self._trainer(_dict(inp.get("carried")).get("trainer_job_id"), when)
         if a.continued_execution_run_id:
             return f"continued as new (run {self.runs} of this job's history)"
@@ -516,6 +521,46 @@ class TrainerLogs:
         self._tell(self.unavailable)
 
 
+class ProgramLogs:
+    """A program job's own output (stdout and stderr, stamped by its worker), read from its
+    log directory as it grows: ``SHEPHERD_PROGRAM_DIR`` (a shared volume in production) or
+    the dev stack's (shepherd/programs.py)."""
+
+    def __init__(self, workflow_id: str) -> None:
+        from shepherd import programs
+
+        root = os.environ.get(programs.DIR_ENV_VAR) or (dev_stack_info() or {}).get("program_dir")
+        env = {programs.DIR_ENV_VAR: root} if root else None
+        self.path = programs.log_dir(workflow_id, env) / programs.OUTPUT_FILE
+        self._offset = 0
+
+    def new_lines(self) -> list[LogLine]:
+        try:
+            with self.path.open("rb") as source:
+                source.seek(self._offset)
+                data = source.read()
+        except OSError:
+            return []
+        end = data.rfind(b"\n") + 1  # a line still being written waits for its end
+        self._offset += end
+        lines = []
+        for raw in data[:end].splitlines():
+            try:
+                entry = json.loads(raw)
+                when = datetime.fromisoformat(entry["t"])
+            except (ValueError, KeyError, TypeError):
+                continue
+            lines.append(
+                LogLine(
+                    time=when,
+                    source="program",
+                    text=str(entry.get("line", "")),
+                    fields={"stream": entry.get("stream")},
+                )
+            )
+        return lines
+
+
 def platform_for(backend: str) -> tuple[PlatformClient | None, str]:
     """A client of the job's platform, as the workers configure it, or why there is none."""
     from shepherd.platform import PlatformClient
@@ -599,10 +644,12 @@ async def show(workflow_id: str, *, follow: bool, tail: int | None, as_json: boo
             await exits.enter_async_context(platform)
             logs = TrainerLogs(platform, lifecycle, patient=follow)
 
+        program = ProgramLogs(workflow_id) if lifecycle.program else None
+
         async def read_logs() -> list[LogLine]:
+            read: list[LogLine] = program.new_lines() if program is not None else []
             if logs is None:
-                return []
-            read: list[LogLine] = []
+                return read
             for trainer in list(lifecycle.trainers):
                 read += await logs.new_lines(trainer)
             for note in logs.notes:
