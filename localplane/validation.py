@@ -25,18 +25,6 @@ from shepherd.platform import rules
 DEFAULT_LEARNING_RATE = 1e-3
 DEFAULT_MAX_CONTEXT = 8192
 
-#: extraArgs localplane understands (the hosted platform passes them to the trainer image),
-#: with the largest value each may take; others are ignored, as an image ignores flags it
-#: does not know.
-KNOWN_EXTRA_ARGS: dict[str, tuple[type[int] | type[float], float]] = {
-    "--seed": (int, 2**63 - 1),
-    "--compute-delay-ms": (float, 600_000.0),  # PlaneConfig.compute_delay_ms's bound
-    # How long retrieve_future holds a pending future, and how long a later seq_id waits
-    # for a missing one: tests shorten them to see try_again and gap failures quickly.
-    "--retrieve-hold-seconds": (float, 3600.0),
-    "--seq-gap-timeout-seconds": (float, 3600.0),
-}
-
 #: A dataset as the hosted platform names one. localplane's trainers read no dataset (clients
 #: send tokens), so the plane keeps the name and never resolves it: a path or URL is refused
 #: rather than accepted as if something would read it, and no answer depends on the host.
@@ -86,23 +74,18 @@ class ValidCreate:
 
 
 def _parse_extra_args(args: list[str], problems: list[str]) -> dict[str, Any]:
+    """The extraArgs localplane understands (the platform's set, shepherd/platform/rules.py),
+    as trainer options; others are ignored, as an image ignores flags it does not know."""
     options: dict[str, Any] = {}
     for i, arg in enumerate(args):
         key, _, value = arg.partition("=")
-        if key not in KNOWN_EXTRA_ARGS:
+        if key not in rules.EXTRA_ARGS:
             continue
-        kind, limit = KNOWN_EXTRA_ARGS[key]
-        try:
-            parsed = kind(value)
-        except ValueError:
-            noun = "an integer" if kind is int else "a number"
-            problems.append(f"trainingConfig.extraArgs[{i}]: {key} needs {noun} value, as {key}=N")
+        if problem := rules.check_extra_arg(arg):
+            problems.append(f"trainingConfig.extraArgs[{i}]: {problem}")
             continue
-        if not 0 <= parsed <= limit:  # also refuses nan and inf
-            bound = limit if kind is int else f"{limit:g}"
-            problems.append(f"trainingConfig.extraArgs[{i}]: {key} must be in [0, {bound}]")
-            continue
-        options[key.removeprefix("--").replace("-", "_")] = parsed
+        kind = rules.EXTRA_ARGS[key][0]
+        options[key.removeprefix("--").replace("-", "_")] = kind(value)
     return options
 
 

@@ -152,8 +152,7 @@ def check_accelerator_type(value: str) -> str | None:
 # platform passes extraArgs to its trainer image, which refuses a flag it does not know;
 # a job spec is checked against this set before anything is provisioned, so a typo or an
 # out-of-range value fails at submission, not after the trainer was created (or, for a
-# flag the image would ignore, never). localplane/validation.py's KNOWN_EXTRA_ARGS holds
-# the same set (it should read it from here).
+# flag the image would ignore, never). localplane's trainers take these options from it.
 
 #: name -> (type, smallest, largest)
 EXTRA_ARGS: Final[dict[str, tuple[type[int] | type[float], float, float]]] = {
