@@ -157,11 +157,13 @@ class Supervised:
         train, _ = self._data(ctx)
         tc = ctx.training_client
         batches = []
+        # ``batch_size`` records per step, split over the micro-batches (the first ones
+        # take the remainder): each is one forward_backward, their gradients add up.
+        per, extra = divmod(ctx.batch_size, ctx.micro_batches)
         for mb in range(ctx.micro_batches):
             rng = np.random.default_rng([ctx.seed, step, mb])
-            batches.append(
-                [train[int(i)] for i in rng.integers(0, len(train), size=ctx.batch_size)]
-            )
+            size = per + (1 if mb < extra else 0)
+            batches.append([train[int(i)] for i in rng.integers(0, len(train), size=size)])
         # Everything is submitted before anything is awaited: the calls pipeline.
         futures = [tc.forward_backward(batch, "cross_entropy") for batch in batches]
         optim = tc.optim_step({"learning_rate": ctx.learning_rate})

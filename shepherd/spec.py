@@ -292,6 +292,7 @@ class TrainingSpec(SpecModel):
     #: given, it is the total its status shows (else the program's registration names the
     #: argument that gives it, e.g. the cookbook's ``max_steps``).
     total_steps: Int | None = Field(default=None, gt=0, le=10_000_000)
+    #: Records per optimizer step, split over ``micro_batches`` forward_backward calls.
     batch_size: Int = Field(default=32, ge=1, le=4096)
     micro_batches: Int = Field(default=1, ge=1, le=64)
     seed: Int = Field(default=0, ge=0, le=2**31 - 1)

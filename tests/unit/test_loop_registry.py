@@ -4,9 +4,11 @@ to fix, never a crash of the worker. And the built-in SFT datum trains completio
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -240,3 +242,33 @@ def test_to_datum_of_a_chat_record_learns_the_assistant_turn_only(tokenizer: Any
     assert learnt == b"yo\n"
     assert targets[-1] == EOS and weights[-1] == 1.0
     assert bytes(tokens).startswith(b"user: hi\nassistant: ")
+
+
+async def test_a_step_takes_batch_size_records_split_over_the_micro_batches() -> None:
+    class Recorder:
+        tokenizer_name = "unused"
+
+        def __init__(self) -> None:
+            self.sizes: list[int] = []
+
+        def forward_backward(self, batch: list[Any], loss_fn: str) -> Any:
+            self.sizes.append(len(batch))
+            return _done({"metrics": {"loss:sum": 1.0}})
+
+        def optim_step(self, params: Any) -> Any:
+            return _done(None)
+
+    recorder = Recorder()
+    ctx = _ctx()
+    ctx.training_client, ctx.batch_size, ctx.micro_batches = recorder, 8, 3
+    datum = {"loss_fn_inputs": {"weights": {"data": [1.0], "dtype": "float32", "shape": [1]}}}
+    ctx.cache["datums"] = ([datum] * 10, [])
+    await Supervised().step(ctx, 1)
+    assert recorder.sizes == [3, 3, 2]  # 8 records, as batch_size says
+
+
+def _done(value: Any) -> Any:
+    """An already-answered future, as the client's APIFuture awaits."""
+    future: asyncio.Future[Any] = asyncio.get_event_loop().create_future()
+    future.set_result(SimpleNamespace(metrics=value["metrics"]) if value else value)
+    return future
