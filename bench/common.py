@@ -455,7 +455,7 @@ async def shepherd_worker(st: Stack, bench: str, *, events: bool) -> AsyncIterat
                     with contextlib.suppress(Exception):
                         desc = await handle.describe()
                         if desc.status is not None and desc.status.name == "RUNNING":
-                            await handle.terminate("benchmark stopped")
+                            await handle.terminate(reason="benchmark stopped")
                 bridge.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await bridge

@@ -487,7 +487,7 @@ async def crash_run(st: Stack, ws: Workers, name: str, args: argparse.Namespace)
             new = await replacement
     except BaseException:
         with contextlib.suppress(Exception):
-            await handle.terminate("benchmark run failed")
+            await handle.terminate(reason="benchmark run failed")
         if follow is not None:
             await cancel(follow)
         if replacement is not None:

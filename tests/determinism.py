@@ -212,7 +212,7 @@ async def run_stress(
             for handle in handles.values():
                 with contextlib.suppress(Exception):
                     if (await handle.describe()).status is WorkflowExecutionStatus.RUNNING:
-                        await handle.terminate("stress run ended")
+                        await handle.terminate(reason="stress run ended")
             bridge.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await bridge

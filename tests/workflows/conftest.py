@@ -212,7 +212,7 @@ async def stack(
             # Never leave a workflow running into the next test.
             for handle in st.handles:
                 with contextlib.suppress(Exception):
-                    await handle.terminate("test teardown")
+                    await handle.terminate(reason="test teardown")
             if bridge_task:
                 bridge_task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

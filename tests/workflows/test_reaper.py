@@ -33,7 +33,7 @@ async def test_a_terminated_jobs_trainer_is_reaped_and_nothing_else(stack: Stack
     lookalike = f"{live.id}--beef-g0"
     await stack.account.client.create_job(lookalike, job_request())
 
-    await terminated.terminate("an operator's terminate")  # no cleanup runs
+    await terminated.terminate(reason="an operator's terminate")  # no cleanup runs
     assert (await terminated.describe()).status is WorkflowExecutionStatus.TERMINATED
     await wait_state(stack.account.client, orphan, JobState.RUNNING)  # it still holds GPUs
 
