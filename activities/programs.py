@@ -157,7 +157,8 @@ class ProgramActivities:
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 env=self._environment(run.proxy, program),
-                cwd=directory,
+                # Relative paths in its arguments mean what they mean to the worker.
+                cwd=os.getcwd(),
                 start_new_session=True,
                 preexec_fn=_die_with_worker,
             )

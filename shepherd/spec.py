@@ -358,7 +358,12 @@ class TrainingSpec(SpecModel):
 
     @model_validator(mode="after")
     def _loop_or_program(self) -> TrainingSpec:
-        given = self.model_fields_set
+        # What differs from its default (a spec dumped and read again sets every field).
+        given = {
+            name
+            for name, info in type(self).model_fields.items()
+            if getattr(self, name) != info.get_default(call_default_factory=True)
+        }
         if self.program is None:
             if self.args:
                 raise _located("training.args", "are a program's arguments: set training.program")

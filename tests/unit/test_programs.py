@@ -1,0 +1,136 @@
+"""Program jobs, what needs no running system: the spec's rules for ``training.program`` and
+``training.args``, and the workers' program registry (the command it builds: each argument
+one argv item, never a shell line; keys the registration fixes cannot be set)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shepherd import programs
+from shepherd.spec import SpecError, submission_problems, validate_spec
+
+
+def _spec(**training: Any) -> Any:
+    return validate_spec(
+        {
+            "name": "prog",
+            "trainer": {"base_model": "accounts/fireworks/models/qwen3-8b"},
+            "training": training,
+            "checkpoint": {"every_steps": 5},
+            "output": {"model_id": "prog-model"},
+        }
+    )
+
+
+def test_a_program_job_needs_no_total_and_measures_train_loss() -> None:
+    spec = _spec(program="cookbook-chat-sl", args={"max_steps": 10, "dataset": "a.jsonl"})
+    assert spec.training.total_steps is None and spec.total_steps == 0
+    assert spec.checkpoint.metric == "train_loss" and submission_problems(spec) == []
+    # Dumped and read again (as the CLI and the workflow do), it is the same job.
+    again = validate_spec(spec.model_dump(mode="json"))
+    assert again.training == spec.training
+
+
+@pytest.mark.parametrize(
+    ("training", "field", "rule"),
+    [
+        ({"program": "p", "loop": "mine"}, "training.loop", "mutually exclusive"),
+        ({"program": "p", "dataset": "file:///x.jsonl"}, "training.dataset", "own"),
+        ({"program": "p", "batch_size": 8}, "training.batch_size", "own"),
+        ({"program": "Bad Name"}, "training.program", "registered"),
+        ({"program": "p", "args": {"a b": 1}}, "training.args", "dotted path"),
+        ({"program": "p", "args": {"x": float("nan")}}, "training.args.x", "finite"),
+        ({"program": "p", "args": {"x": [1, 2]}}, "training.args.x", "scalar"),
+        ({"program": "p", "args": {"x": "v" * 1001}}, "training.args", "1000 characters"),
+        ({"program": "p", "args": {"x": "a\nb"}}, "training.args", "control"),
+        ({"args": {"x": 1}, "total_steps": 5}, "training.args", "set training.program"),
+        ({"dataset": "synthetic:text"}, "training.total_steps", "required for a loop"),
+    ],
+)
+def test_bad_program_settings_name_the_field(
+    training: dict[str, Any], field: str, rule: str
+) -> None:
+    with pytest.raises(SpecError) as refused:
+        _spec(**training)
+    text = str(refused.value)
+    assert field in text and rule in text, text
+
+
+def test_a_program_tracks_only_what_its_proxy_measures() -> None:
+    with pytest.raises(SpecError) as refused:
+        validate_spec(
+            {
+                "name": "prog",
+                "trainer": {"base_model": "accounts/fireworks/models/qwen3-8b"},
+                "training": {"program": "p"},
+                "checkpoint": {"every_steps": 5, "metric": "eval_loss"},
+                "output": {"model_id": "prog-model"},
+            }
+        )
+    [problem] = refused.value.problems
+    assert problem.field == "checkpoint.metric" and "train_loss" in problem.rule
+
+
+def test_the_command_is_argv_items_with_the_log_dir_last() -> None:
+    program = programs.Program(
+        name="mine",
+        module="pkg.train",
+        args=("behavior_if_log_dir_exists=resume",),
+        log_dir_arg="log_path",
+        total_steps_arg="max_steps",
+    )
+    argv = program.command(
+        "/py", {"max_steps": 7, "note": "a b; rm -rf /", "flag": True}, Path("/logs/j")
+    )
+    assert argv == [
+        "/py",
+        "-m",
+        "pkg.train",
+        "behavior_if_log_dir_exists=resume",
+        "max_steps=7",
+        "note=a b; rm -rf /",  # one argv item: no shell ever reads it
+        "flag=True",
+        "log_path=/logs/j",
+    ]
+    assert program.total_steps({"max_steps": 7}) == 7 and program.total_steps({}) is None
+    for fixed in ("log_path", "behavior_if_log_dir_exists"):
+        with pytest.raises(programs.ProgramError, match="registration"):
+            program.command("/py", {fixed: "x"}, Path("/l"))
+
+
+def test_programs_come_from_the_environment_and_the_cookbook() -> None:
+    env = {
+        programs.ENV_VAR: json.dumps(
+            {"my-sft": {"script": "/opt/train.py", "log_dir_arg": "log_dir", "env": {"A": "1"}}}
+        )
+    }
+    found = programs.registered(env)
+    assert {"cookbook-chat-sl", "cookbook-math-rl", "my-sft"} <= set(found)
+    assert found["my-sft"].command("/py", {}, Path("/l")) == ["/py", "/opt/train.py", "log_dir=/l"]
+    with pytest.raises(programs.ProgramError, match="no program 'nope'.*SHEPHERD_PROGRAMS"):
+        programs.resolve("nope", env)
+
+
+@pytest.mark.parametrize(
+    ("registration", "rule"),
+    [
+        ("[1]", "JSON object"),
+        ("{", "not a JSON object"),
+        ('{"x": {"module": "a", "script": "/b"}}', "exactly one of module and script"),
+        ('{"x": {"script": "rel/path.py"}}', "absolute path"),
+        ('{"x": {"module": "a", "shell": "rm"}}', "unknown fields shell"),
+        ('{"x": {"module": "a", "args": "k=v"}}', "list of strings"),
+    ],
+)
+def test_bad_registrations_say_what_is_wrong(registration: str, rule: str) -> None:
+    with pytest.raises(programs.ProgramError, match=rule):
+        programs.registered({programs.ENV_VAR: registration})
+
+
+def test_the_log_dir_is_the_jobs_own_under_the_program_dir(tmp_path: Path) -> None:
+    env = {programs.DIR_ENV_VAR: str(tmp_path)}
+    assert programs.log_dir("job-1", env) == tmp_path / "job-1"
