@@ -62,6 +62,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/recovery.py | tee bench/out/recovery.json
 	$(BIN)/python bench/sdk_compare.py | tee bench/out/sdk_compare.json
 	$(BIN)/python bench/crash.py | tee bench/out/crash.json
+	$(BIN)/python bench/determinism.py | tee bench/out/determinism.json
+	$(BIN)/python bench/trainer_memory.py | tee bench/out/trainer_memory.json
 
 # Thousands of queued jobs on 4 slots: hours for the full list (docs/scale.md).
 bench-scale: $(STAMP)
