@@ -18,7 +18,8 @@ Where programs come from:
   or the mapping below);
 * the worker's ``SHEPHERD_PROGRAMS`` environment variable: a JSON object, name ->
   ``{"module": "pkg.mod" | "script": "/abs/file.py", "args": ["k=v", ...],
-  "log_dir_arg": "log_path", "total_steps_arg": "max_steps", "env": {"K": "v"}}``.
+  "log_dir_arg": "log_path", "total_steps_arg": "max_steps", "model_arg": "model_name",
+  "env": {"K": "v"}}``.
 
 Where a job's log directory lives: ``<SHEPHERD_PROGRAM_DIR>/<workflow id>`` (a shared volume
 in production, so the program restarted on another worker finds its own checkpoints there),
@@ -61,6 +62,10 @@ class Program:
     log_dir_arg: str | None = None
     #: The ``key`` whose value is the program's total of optimizer steps, if any.
     total_steps_arg: str | None = None
+    #: The ``key`` whose value names the model the program asks for (the cookbook's
+    #: ``model_name``, a Hugging Face name it picks its tokenizer and renderer by): the proxy
+    #: takes that name for the trainer's base model (``trainer.base_model``).
+    model_arg: str | None = None
     #: Extra environment of the program.
     env: Mapping[str, str] = field(default_factory=dict)
     description: str = ""
@@ -91,6 +96,11 @@ class Program:
         for key in args:
             if not PROGRAM_ARG_KEY.match(key):
                 raise ProgramError(f"training.args: {key!r} is not a key=value key")
+
+    def model_names(self, args: Mapping[str, Any]) -> list[str]:
+        """Names the program may give the trainer's base model (its ``model_arg``)."""
+        value = args.get(self.model_arg) if self.model_arg else None
+        return [str(value)] if isinstance(value, str) and value else []
 
     def total_steps(self, args: Mapping[str, Any]) -> int | None:
         """The total its arguments give (the registration's ``total_steps_arg``), if any."""
@@ -123,7 +133,16 @@ class Program:
             return data
         if not isinstance(data, Mapping):
             raise ProgramError(f"program {name!r}: the registration must be an object")
-        known = {"module", "script", "args", "log_dir_arg", "total_steps_arg", "env", "description"}
+        known = {
+            "module",
+            "script",
+            "args",
+            "log_dir_arg",
+            "total_steps_arg",
+            "model_arg",
+            "env",
+            "description",
+        }
         unknown = sorted(set(data) - known)
         if unknown:
             raise ProgramError(f"program {name!r}: unknown fields {', '.join(unknown)}")
@@ -142,6 +161,7 @@ class Program:
             args=tuple(args),
             log_dir_arg=data.get("log_dir_arg"),
             total_steps_arg=data.get("total_steps_arg"),
+            model_arg=data.get("model_arg"),
             env=dict(env),
             description=str(data.get("description", "")),
         )
@@ -165,6 +185,7 @@ def _cookbook() -> dict[str, Program]:
             args=(resume,),
             log_dir_arg="log_path",
             total_steps_arg="max_steps",
+            model_arg="model_name",
             description="tinker-cookbook: supervised fine-tuning on chat data (chat_sl)",
         ),
         "cookbook-math-rl": Program(
@@ -173,6 +194,7 @@ def _cookbook() -> dict[str, Program]:
             args=(resume,),
             log_dir_arg="log_path",
             total_steps_arg="max_steps",
+            model_arg="model_name",
             description="tinker-cookbook: RL on math problems (math_rl; env=arithmetic offline)",
         ),
     }
