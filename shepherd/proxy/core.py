@@ -353,9 +353,11 @@ class Core:
     async def redo(self, model: Model, up: Upstream, result: AttachResult | None) -> None:
         """Send the model's redo log again, in order; wait for it to be executed."""
         sent: list[Op] = []
+        again: list[Op] = []
         for op in list(model.redo):
             if not needs_redo(op):
                 continue
+            before = op.sends
             try:
                 await self.submit(model, op, up)
             except Refused as exc:
@@ -363,11 +365,15 @@ class Core:
                 model.redo.remove(op)
                 continue
             sent.append(op)
+            if before:
+                again.append(op)
             if op.op == "optim_step":
                 await self.after_weights_change(model, op, up)
         if result is not None:
-            result.ops_redone += len(sent)
-            result.optimizer_steps_redone += sum(op.op == "optim_step" for op in sent)
+            # Redone: sent before (an operation logged while no trainer was attached is
+            # sent here for the first time).
+            result.ops_redone += len(again)
+            result.optimizer_steps_redone += sum(op.op == "optim_step" for op in again)
         await self.wait_executed(up, sent)
 
     async def wait_executed(self, up: Upstream, ops: Iterable[Op]) -> None:
@@ -458,6 +464,7 @@ class Core:
         if not self.live(up):
             raise Detached(op.op)
         model.next_tseq = tseq + 1
+        op.sends += 1
         self._polling(op, up, str(ticket["request_id"]))
 
     def _polling(self, op: Op, up: Upstream, trainer_request_id: str) -> None:

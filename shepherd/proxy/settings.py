@@ -114,9 +114,24 @@ class ProxySettings(BaseModel):
         return name if model_index == 0 else f"{name}-m{model_index}"
 
     def race_delay(self, race: int) -> float:
-        """Seconds before route-race retry ``race`` (1-based): doubling, all
-        ``route_race_retries`` delays adding up to the window (4 in 30 s: 2, 4, 8, 16 s) —
-        the workflow's ``policies.route_race_delay`` without its 1 s floor, which suits an
-        activity retry but not one request held inside the proxy."""
-        unit = self.route_race_window_s / max(1, (2**self.route_race_retries) - 1)
-        return max(MIN_ROUTE_RACE_DELAY_S, unit * 2 ** (race - 1))
+        """Seconds before route-race retry ``race`` (1-based): growing geometrically from
+        :data:`MIN_ROUTE_RACE_DELAY_S` so that all ``route_race_retries`` delays add up to
+        ``route_race_window_s`` (4 in 30 s: 0.02, 0.23, 2.5, 27 s). The workflow's
+        ``policies.route_race_delay`` doubles from a 1 s floor, which suits an activity
+        retry; a request held inside the proxy is better retried at once, since a route
+        reaches the gateway's replicas within tens to hundreds of milliseconds, and only
+        then more and more patiently."""
+        retries = max(1, self.route_race_retries)
+        return MIN_ROUTE_RACE_DELAY_S * _ratio(retries, self.route_race_window_s) ** (race - 1)
+
+
+def _ratio(n: int, window: float) -> float:
+    """r with MIN + MIN r + ... + MIN r^(n-1) = window (1 when n delays of MIN fill it)."""
+    if n * MIN_ROUTE_RACE_DELAY_S >= window:
+        return 1.0
+    low, high = 1.0, window / MIN_ROUTE_RACE_DELAY_S
+    for _ in range(100):  # bisection: the sum grows with r
+        mid = (low + high) / 2
+        total = MIN_ROUTE_RACE_DELAY_S * sum(mid**k for k in range(n))
+        low, high = (mid, high) if total < window else (low, mid)
+    return low

@@ -79,6 +79,9 @@ class Op:
 
     # ---- the current trainer generation
     gen: int = 0
+    #: How many times it was sent to a trainer (a redo of one sent before applies it again
+    #: to a model restored from before it; one never sent is applied the first time).
+    sends: int = 0
     trainer_request_id: str | None = None
     #: Set when the trainer of ``gen`` finished it (answered or failed).
     executed: asyncio.Event = field(default_factory=asyncio.Event)

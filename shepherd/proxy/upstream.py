@@ -151,6 +151,8 @@ class Upstream:
                 if self.closed:
                     raise Detached(path) from None
                 await self._verify(f"{path}: the trainer's route answered 404", deadline)
+                if self.closed:  # a generation that ended while the control plane was asked
+                    raise Detached(path) from None
                 races += 1
                 if races > settings.route_race_retries:
                     raise TrainerGone(
