@@ -6,7 +6,8 @@ trainer, without Shepherd and without faults."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import pytest
 
@@ -38,12 +39,26 @@ async def json_trainers(faults: PlaneAdmin) -> PlaneAdmin:
 
 
 @pytest.fixture
-async def rig(account: Account, json_trainers: PlaneAdmin) -> AsyncIterator[Rig]:
-    rig = await open_rig(account, json_trainers)
+async def rigs(
+    account: Account, json_trainers: PlaneAdmin
+) -> AsyncIterator[Callable[..., Awaitable[Rig]]]:
+    """Opens rigs (proxies with these settings' overrides); closes them all afterwards."""
+    opened: list[Rig] = []
+
+    async def open_one(**overrides: Any) -> Rig:
+        opened.append(await open_rig(account, json_trainers, **overrides))
+        return opened[-1]
+
     try:
-        yield rig
+        yield open_one
     finally:
-        await rig.proxy.close()
+        for one in opened:
+            await one.proxy.close()
+
+
+@pytest.fixture
+async def rig(rigs: Callable[..., Awaitable[Rig]]) -> Rig:
+    return await rigs()
 
 
 @pytest.fixture(scope="module")
