@@ -499,6 +499,8 @@ class Core:
         op.outcome_ok = ok
         op.trainer_result = answer if ok else None
         first = not op.done
+        if first and not op.internal:
+            self.progress.answered_at = time.monotonic()
         if ok:
             program = self.program_result(op, answer)
             if first:

@@ -101,6 +101,9 @@ class ProxyProgress(BaseModel):
     route_races: int = 0
     #: Trainer losses the proxy saw or was told of.
     trainer_losses: int = 0
+    #: When the trainer last answered one of the program's requests (``time.monotonic()``;
+    #: None: not yet): how long a program has been waiting, e.g. across a recovery.
+    answered_at: float | None = None
 
     def record_loss(self, step: int, loss: float) -> None:
         self.losses[step] = loss
