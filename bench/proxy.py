@@ -116,6 +116,7 @@ async def harness(args: argparse.Namespace) -> dict[str, Any]:
             "checkpoint_every": args.checkpoint_every,
             "preemptions": args.preemptions,
             "lora_rank": RANK,
+            "digests": not args.no_digests,
         },
     }
     try:
@@ -186,6 +187,7 @@ async def harness(args: argparse.Namespace) -> dict[str, Any]:
                         trainer_base_model=BASE_MODEL,
                         lora_rank=RANK,
                         checkpoint_every=args.checkpoint_every,
+                        record_digests=not args.no_digests,
                     )
 
                 def stats(lines: list[dict[str, Any]]) -> dict[str, Any]:
@@ -319,6 +321,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--preemptions", type=int, default=3)
     parser.add_argument("--checkpoint-every", type=int, default=10)
+    parser.add_argument(
+        "--no-digests",
+        action="store_true",
+        help="the proxy does not ask for the weights digest after every step",
+    )
     args = parser.parse_args()
     if args.mode == "program":
         program(args.steps, args.batch)

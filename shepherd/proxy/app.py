@@ -231,6 +231,9 @@ class HttpServer:
             log_config=None,
             # Programs pipeline a handful of requests per model; keep-alive saves a connect.
             timeout_keep_alive=60,
+            # close() does not wait for a held retrieve_future (up to 20 s) to run out: the
+            # program is done or being stopped when its proxy closes.
+            timeout_graceful_shutdown=1,
         )
         self._server = _Server(config)
         self._task: asyncio.Task[None] | None = None

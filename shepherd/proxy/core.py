@@ -111,6 +111,8 @@ class Core:
         self.serving = asyncio.Event()
         self.account: str | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        #: The current generation's pollers (cancelled when it ends).
+        self._pollers: set[asyncio.Task[Any]] = set()
         self._digests = settings.record_digests
         self._emitted: set[str] = set()
         self._shepherd_names = ids.shepherd_checkpoint(settings.checkpoint_prefix)
@@ -197,6 +199,9 @@ class Core:
         up.closed = True
         self.up = None
         self.serving.clear()
+        # Polls held open on that trainer end now (a live one would hold them ~20 s).
+        for poller in list(self._pollers):
+            poller.cancel()
         # Checkpoints not yet the restore point are issued again by the redo (a save of the
         # same name at the same weights is a no-op): the next trainer restores from the last
         # restore point, the only one every earlier operation's answer is safe behind.
@@ -472,7 +477,9 @@ class Core:
         op.trainer_request_id = trainer_request_id
         op.executed = asyncio.Event()
         op.outcome_ok = None
-        self.spawn(self._poll(op, up), f"poll {op.op}")
+        poller = self.spawn(self._poll(op, up), f"poll {op.op}")
+        self._pollers.add(poller)
+        poller.add_done_callback(self._pollers.discard)
 
     async def _poll(self, op: Op, up: Upstream) -> None:
         assert op.trainer_request_id is not None

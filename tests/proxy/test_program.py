@@ -85,6 +85,12 @@ async def test_the_same_answers_through_the_proxy_as_straight_from_a_trainer(
     assert direct_served.get("protobuf:forward_backward", 0) == STEPS, direct_served
     assert await rig.dialects() == {"json"}
     assert rig.proxy.progress.step == STEPS and rig.proxy.progress.last_loss == run.losses[-1]
+    # Shepherd's checkpoints are the job's, as the control plane lists them: each with its
+    # promotable sampler twin.
+    listed = {c.name: c async for c in rig.client.iter_checkpoints(rig.job_id)}
+    for record in rig.proxy.progress.checkpoints:
+        assert not listed[record.name].promotable and listed[record.sampler].promotable
+        assert listed[record.name].step == record.step
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ at once and are answered after the next attach, futures answer ``try_again``."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -129,3 +130,50 @@ async def test_without_a_trainer_submissions_wait_and_are_answered_after_attach(
     await api.result(optim)
     info = await model.info()
     assert info["model_id"] == model.model_id and info["optim_steps"] == 3
+
+
+async def test_a_sample_pending_at_a_loss_gets_the_answer_it_would_have_had(
+    wired: Rig, api: TinkerHTTP, account: Account
+) -> None:
+    """Sampled from a snapshot of the model; the second request is submitted while no
+    trainer is attached, so it is answered on the next trainer, from the snapshot made again
+    by the redo: the trainer's default seed is a function of the weights and the request,
+    so both answers are those of the same calls straight to a trainer."""
+
+    async def calls(client: TinkerHTTP, wait_before_second: Any = None) -> list[Any]:
+        model = (
+            await _model(client)
+            if client is api
+            else await client.create_model(await client.session(), 0, BASE_MODEL, lora_rank=RANK)
+        )
+        await model.train(1, 2)
+        snapshot = await model.run("save_weights_for_sampler", {"sampling_session_seq_id": 0})
+        sampler = snapshot["sampling_session_id"]
+        request = {
+            "sampling_session_id": sampler,
+            "prompt": {"chunks": [{"type": "encoded_text", "tokens": list(b"hello")}]},
+            "num_samples": 2,
+            "sampling_params": {"max_tokens": 6, "temperature": 1.0},
+        }
+        first = await client.result(await client.call("asample", {**request, "seq_id": 1}))
+        if wait_before_second is not None:
+            await wait_before_second()
+        ticket = await client.call("asample", {**request, "seq_id": 2})
+        if wait_before_second is not None:
+            pending = await client.call("retrieve_future", {"request_id": ticket["request_id"]})
+            assert pending["type"] == "try_again"
+            attached = await wired.attach()
+            assert attached.samples_redone == 1
+        second = await client.result(ticket)
+        assert ticket["sample_sequence_ids"] == [f"{ticket['request_id']}:{i}" for i in range(2)]
+        return [[s["tokens"] for s in answer["sequences"]] for answer in (first, second)]
+
+    async def lose_the_trainer() -> None:
+        wired.proxy.detach("the test takes the trainer away")
+
+    proxied = await calls(api, lose_the_trainer)
+    async with TinkerHTTP(
+        f"{account.client.gateway_url}/training/v1/rlorTrainerJobs/{account.id}/{wired.job_id}",
+        account.api_key,
+    ) as direct:
+        assert proxied == await calls(direct)
