@@ -68,6 +68,7 @@ async def _steps_applied_once(rig: Rig, final_job: str) -> None:
     assert await rig.checkpoint_step(final_job, "final") == STEPS
 
 
+@pytest.mark.slow
 async def test_the_same_answers_through_the_proxy_as_straight_from_a_trainer(
     rig: Rig, reference: tuple[Run, dict[str, int]]
 ) -> None:
@@ -132,6 +133,11 @@ async def test_two_preemptions_and_a_route_race_change_nothing(
     assert sum(e.kind == "trainer_lost" for e in rig.events) >= 1
     assert rig.proxy.progress.route_races >= 1
     assert await rig.dialects() == {"json"}
+    # The platform's key went nowhere the program or the workflow sees.
+    key = rig.account.api_key
+    assert key not in run.stdout + run.stderr
+    assert not any(key in e.model_dump_json() for e in rig.events)
+    assert key not in rig.proxy.progress.model_dump_json()
 
 
 @pytest.mark.slow
