@@ -336,10 +336,11 @@ class ProgramApi:
             raise _precondition(model.broken)
         op = Op(name, body, digest, model=model, seq=seq)
         if anonymous:
-            sss = _integer(body, "sampling_session_seq_id")
-            assert sss is not None
+            sss = _integer(body, "sampling_session_seq_id", required=False)
+            # A client that does not number its samplers gets a name of the proxy's.
+            number = sss if sss is not None else f"s{secrets.token_hex(4)}"
             sampler = Sampler(
-                ids.sampler_id(model.session.program_id, sss),
+                f"{model.session.program_id}:sample:{number}",
                 model.session,
                 "snapshot",
                 model=model,

@@ -210,9 +210,15 @@ class Core:
         log.info("proxy.detached", trainer_job_id=up.trainer_job_id, reason=reason)
 
     async def restore_models(self, up: Upstream, models: list[Model], result: AttachResult) -> None:
-        """Materialize ``models`` on ``up`` (the caller holds each one's ``cond``)."""
+        """Materialize ``models`` on ``up`` (the caller holds each one's ``cond``). A model
+        the trainer refuses to make again (its checkpoint was deleted meanwhile, say) is
+        broken: the program's next request for it is answered with the reason."""
         for model in models:
-            await self.ensure_model(model, up, result)
+            try:
+                await self.ensure_model(model, up, result)
+            except Refused as exc:
+                model.broken = f"model {model.program_id} could not be restored: {exc.message}"
+                log.error("proxy.restore_refused", model=model.program_id, error=exc.message[:500])
 
     async def restore_samples(self, up: Upstream, result: AttachResult) -> None:
         """Send again every sample request the lost trainer had not answered (the default
@@ -524,8 +530,10 @@ class Core:
             if op.internal or op.op == "optim_step":
                 log.error("proxy.operation_failed", op=op.op, error=str(answer.get("error"))[:500])
         op.executed.set()
-        if op.sampler is not None:
-            op.sampler.pending.pop(op.request_id, None)
+        if op.op == "asample":
+            self.oneoff.pop(op.request_id, None)
+            if op.sampler is not None:
+                op.sampler.pending.pop(op.request_id, None)
         model = op.model
         if model is not None:
             self._after_settled(model, op)

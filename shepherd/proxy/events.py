@@ -67,7 +67,8 @@ class AttachResult(BaseModel):
     #: Operations sent again from the redo log, and how many of them were optimizer steps.
     ops_redone: int = 0
     optimizer_steps_redone: int = 0
-    #: Sample requests pending at the loss, sent again (answers the program had are not).
+    #: Sample requests the program still waited for, sent to this trainer (pending at the
+    #: loss, or made while no trainer was attached); answers it had are never sent again.
     samples_redone: int = 0
     #: Program sampling sessions that could not be rebuilt (taken before the last checkpoint
     #: at other weights); a program that samples from one gets a clear 400.

@@ -131,6 +131,7 @@ class ProgramProxy:
             except Detached:
                 raise ProxyError(f"detached from {trainer_job_id} while attaching") from None
             result.seconds = time.monotonic() - started
+            result.samplers_lost = sum(s.lost is not None for s in core.samplers.values())
             if not first:
                 core.progress.recoveries.append(result)
             log.info(

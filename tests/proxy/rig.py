@@ -18,7 +18,7 @@ from localplane.admin import PlaneAdmin
 from shepherd.platform import PlatformClient
 from shepherd.proxy import AttachResult, ProgramProxy, ProxyEvent, ProxySettings
 from shepherd.states import JobState
-from tests.helpers import Account, gateway_api, job_request, wait_state, warm
+from tests.helpers import Account, gateway_api, job_request, warm
 
 ROOT = Path(__file__).resolve().parents[2]
 SFT_SCRIPT = ROOT / "examples" / "programs" / "tinker_sft.py"
@@ -153,8 +153,15 @@ class Rig:
         self.job_id = job_id
         return job_id
 
+    async def state(self, job_id: str, state: JobState, timeout: float = 60.0) -> None:
+        """Until the control plane says ``state`` now. Asked, not watched: the event stream
+        replayed from the start would answer with an earlier run's FAILED or RUNNING."""
+        async with asyncio.timeout(timeout):
+            while (await self.client.get_job(job_id)).state != state:
+                await asyncio.sleep(0.02)
+
     async def ready(self, job_id: str) -> None:
-        await wait_state(self.client, job_id, JobState.RUNNING)
+        await self.state(job_id, JobState.RUNNING)
         api = gateway_api(self.account, job_id)
         try:
             await warm(api, probes=WARM_PROBES)
@@ -181,7 +188,7 @@ class Rig:
         warm, attach. ``proxy_sees_it``: wait for the proxy's own ``trainer_lost`` first."""
         lost_before = sum(e.kind == "trainer_lost" for e in self.events)
         await self.admin.preempt(self.job_id, account=self.account.id)
-        await wait_state(self.client, self.job_id, JobState.FAILED)
+        await self.state(self.job_id, JobState.FAILED)
         if proxy_sees_it:
             await self.wait_event("trainer_lost", lost_before + 1)
         self.proxy.detach("preempted")
@@ -194,7 +201,7 @@ class Rig:
         attach."""
         record = await self.proxy.checkpoint_now()
         await self.client.delete_job(self.job_id)
-        await wait_state(self.client, self.job_id, JobState.DELETED)
+        await self.state(self.job_id, JobState.DELETED)
         await self.new_trainer()
         return record, await self.attach()
 
