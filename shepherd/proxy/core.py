@@ -62,6 +62,11 @@ def _refusal(exc: PlatformError) -> Exception:
     return Refused(exc.status_code or 400, exc.status, exc.message)
 
 
+#: Results that name no id (metrics, per-token outputs, samples): passed on as they are,
+#: without a walk through every number in them.
+_NO_IDS = frozenset({"forward", "forward_backward", "optim_step", "asample"})
+
+
 def endpoint(op: Op) -> str:
     return "forward" if op.op == "forward" else op.op
 
@@ -540,6 +545,8 @@ class Core:
 
     def program_result(self, op: Op, answer: dict[str, Any]) -> dict[str, Any]:
         """The trainer's answer as the program must see it (its own ids and paths)."""
+        if op.op in _NO_IDS:
+            return answer
         model = op.model
         if op.op in ("save_weights", "save_weights_for_sampler") and model is not None:
             trainer_path = answer.get("path")

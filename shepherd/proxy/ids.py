@@ -116,6 +116,8 @@ class IdMap:
         if isinstance(value, dict):
             return {k: self.program_value(v) for k, v in value.items()}
         if isinstance(value, list):
+            if value and isinstance(value[0], int | float):
+                return value  # a tensor's numbers: no ids in them
             return [self.program_value(v) for v in value]
         return value
 

@@ -67,6 +67,8 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
+        if value and type(value[0]) in (int, float):
+            return list(value)  # tokens or a tensor's numbers, already plain
         return [jsonable(v) for v in value]
     return value
 
