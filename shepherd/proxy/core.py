@@ -1,0 +1,857 @@
+"""The trainer side of the proxy: generations, what lives on the current trainer, and how a
+program's operations reach it — in order, exactly once, again after a loss.
+
+A *generation* is one attached trainer (:class:`~shepherd.proxy.upstream.Upstream`). Every
+session, model and sampler the program made is *materialized* on a generation lazily, the
+first time something needs it there: a session is created, a model is loaded from its last
+Shepherd checkpoint (with optimizer state) or created afresh as the program created it and
+then its redo log is sent again in order, a sampler is made again from its base model, its
+checkpoint path, or its model's redo log. An operation is sent when it is the model's next
+(the program's ``seq_id`` order) and its model is live; with no trainer attached it is only
+logged, and the restore sends it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+import structlog
+
+from shepherd.models import CheckpointRecord
+from shepherd.platform import PlatformClient, PlatformError
+from shepherd.proxy import ids
+from shepherd.proxy.events import (
+    AttachResult,
+    CheckpointEvent,
+    ProxyEvent,
+    ProxyProgress,
+    StepEvent,
+    TrainerLostEvent,
+)
+from shepherd.proxy.ids import IdMap
+from shepherd.proxy.settings import MAX_REDO_OPS, MAX_SAMPLERS, PROGRESS_HISTORY, ProxySettings
+from shepherd.proxy.state import Checkpoint, FutureTable, Model, Op, Sampler, Session
+from shepherd.proxy.upstream import Detached, TrainerGone, Upstream
+
+log = structlog.stdlib.get_logger("shepherd.proxy")
+
+#: Sampler-save fields the SDK changes between retries of the same save (tinker numbers the
+#: anonymous sampler afresh on each attempt): not part of what the request asks.
+SAVE_ADDRESSING = ("type", "sampling_session_seq_id")
+
+
+class Refused(Exception):
+    """The trainer refused a request at submission (a 4xx): the program gets the same answer;
+    nothing was applied and no ``seq_id`` was taken."""
+
+    def __init__(self, code: int, status: str, message: str) -> None:
+        super().__init__(message)
+        self.code, self.status, self.message = code, status, message
+
+
+def _refusal(exc: PlatformError) -> Exception:
+    """A trainer's 4xx on submission: a refusal, or — when the trainer says it does not know
+    the model or sampler the proxy made on it — the sign that it restarted."""
+    if "is not on this trainer" in exc.message:
+        return TrainerGone(f"the trainer no longer knows what the proxy made on it: {exc.message}")
+    return Refused(exc.status_code or 400, exc.status, exc.message)
+
+
+#: Results that name no id (metrics, per-token outputs, samples): passed on as they are,
+#: without a walk through every number in them.
+_NO_IDS = frozenset({"forward", "forward_backward", "optim_step", "asample"})
+
+
+def endpoint(op: Op) -> str:
+    return "forward" if op.op == "forward" else op.op
+
+
+def needs_redo(op: Op) -> bool:
+    """Whether a logged operation is sent again after a loss: everything that changes the
+    model's state (gradients, weights, optimizer), snapshots the program may sample from,
+    and whatever the program still waits for. A forward or named save it was answered is
+    not."""
+    if op.op in ("forward_backward", "optim_step", "load_weights"):
+        return True
+    if op.op == "save_weights_for_sampler" and op.body.get("path") is None:
+        return True
+    return not op.done
+
+
+def _loss(op: Op) -> float | None:
+    result = op.result or op.trainer_result or {}
+    value = (result.get("metrics") or {}).get("loss:sum")
+    return float(value) if isinstance(value, int | float) else None
+
+
+class Core:
+    """Everything the proxy knows of the program and of the trainer it is attached to."""
+
+    def __init__(
+        self,
+        platform: PlatformClient,
+        settings: ProxySettings,
+        emit: Callable[[ProxyEvent], None],
+    ) -> None:
+        self.platform = platform
+        self.settings = settings
+        self._emit = emit
+        self.progress = ProxyProgress()
+        self.ids = IdMap()
+        self.futures = FutureTable()
+        self.sessions: dict[str, Session] = {}
+        self.models: dict[str, Model] = {}
+        self.samplers: OrderedDict[str, Sampler] = OrderedDict()
+        #: Sample requests not answered yet that name no sampling session (a path or the
+        #: base model).
+        self.oneoff: dict[str, Op] = {}
+        self.gen = 0
+        self.up: Upstream | None = None
+        #: Set while a trainer is attached (a restore may still be under way).
+        self.serving = asyncio.Event()
+        self.account: str | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        #: The current generation's pollers (cancelled when it ends).
+        self._pollers: set[asyncio.Task[Any]] = set()
+        self._digests = settings.record_digests
+        self._emitted: set[str] = set()
+        self._shepherd_names = ids.shepherd_checkpoint(settings.checkpoint_prefix)
+
+    # ------------------------------------------------------------------- plumbing
+
+    def spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coro)
+        task.set_name(name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("proxy.task_failed", task=task.get_name(), error=repr(exc)[:500])
+
+    async def cancel_tasks(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def is_shepherd_name(self, name: str) -> bool:
+        return bool(self._shepherd_names.match(name))
+
+    def primary(self) -> Model | None:
+        return next((m for m in self.models.values() if m.index == 0), None)
+
+    def live(self, up: Upstream) -> bool:
+        return up is self.up and not up.closed
+
+    async def wait_serving(self, deadline: float) -> Upstream | None:
+        """The attached trainer, waiting for one until ``deadline`` (None: still none)."""
+        while True:
+            up = self.up
+            if up is not None and not up.closed:
+                return up
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.serving.wait(), left)
+
+    async def with_trainer(self, fn: Callable[[Upstream], Awaitable[Any]], hold: float) -> Any:
+        """``fn(up)`` against the attached trainer; while none is, or when it is lost under
+        way, wait for the next one (up to ``hold`` seconds: then :class:`NoTrainer`)."""
+        deadline = time.monotonic() + hold
+        while True:
+            up = await self.wait_serving(deadline)
+            if up is None:
+                raise NoTrainer(hold)
+            try:
+                return await fn(up)
+            except Detached:
+                continue
+            except TrainerGone as exc:
+                self.lose(up, exc)
+
+    # --------------------------------------------------------------- generations
+
+    def begin(self, up: Upstream) -> int:
+        self.gen += 1
+        self.up = up
+        self.serving.set()
+        return self.gen
+
+    def lose(self, up: Upstream, exc: TrainerGone) -> None:
+        """The trainer of ``up`` is gone (seen by the proxy): tell the owner, wait."""
+        if not self.live(up):
+            return
+        self.progress.trainer_losses += 1
+        log.warning("proxy.trainer_lost", trainer_job_id=up.trainer_job_id, reason=exc.reason)
+        self._emit(
+            TrainerLostEvent(trainer_job_id=up.trainer_job_id, reason=exc.reason, state=exc.state)
+        )
+        self.detach(f"trainer lost: {exc.reason}")
+
+    def detach(self, reason: str) -> None:
+        up = self.up
+        if up is None:
+            return
+        up.closed = True
+        self.up = None
+        self.serving.clear()
+        # Polls held open on that trainer end now (a live one would hold them ~20 s).
+        for poller in list(self._pollers):
+            poller.cancel()
+        # Checkpoints not yet the restore point are issued again by the redo (a save of the
+        # same name at the same weights is a no-op): the next trainer restores from the last
+        # restore point, the only one every earlier operation's answer is safe behind.
+        for model in self.models.values():
+            model.pending.clear()
+        log.info("proxy.detached", trainer_job_id=up.trainer_job_id, reason=reason)
+
+    async def restore_models(self, up: Upstream, models: list[Model], result: AttachResult) -> None:
+        """Materialize ``models`` on ``up`` (the caller holds each one's ``cond``). A model
+        the trainer refuses to make again (its checkpoint was deleted meanwhile, say) is
+        broken: the program's next request for it is answered with the reason."""
+        for model in models:
+            try:
+                await self.ensure_model(model, up, result)
+            except Refused as exc:
+                model.broken = f"model {model.program_id} could not be restored: {exc.message}"
+                log.error("proxy.restore_refused", model=model.program_id, error=exc.message[:500])
+
+    async def restore_samples(self, up: Upstream, result: AttachResult) -> None:
+        """Send again every sample request the lost trainer had not answered (the default
+        seed is a function of the sampler's weights and the request: the same answer)."""
+        waiting = [s for s in self.samplers.values() if s.pending]
+        for sampler in waiting:
+            ops = [op for op in sampler.pending.values() if op.gen != self.gen]
+            if not ops:
+                continue
+            try:
+                await self.ensure_sampler(sampler, up)
+            except Refused as exc:
+                for op in ops:
+                    op.fail(exc.message, "user")
+                    sampler.pending.pop(op.request_id, None)
+                continue
+            for op in ops:
+                await self.send_sample(op, up)
+                result.samples_redone += 1
+        for op in [op for op in self.oneoff.values() if op.gen != self.gen]:
+            await self.send_sample(op, up)
+            result.samples_redone += 1
+
+    # ------------------------------------------------------------------ sessions
+
+    async def trainer_session(self, session: Session, up: Upstream) -> str:
+        async with session.lock:
+            if session.gen == self.gen and session.trainer_id is not None:
+                return session.trainer_id
+            body = {
+                k: v
+                for k, v in session.body.items()
+                if k in ("tags", "user_metadata", "sdk_version", "display_name", "type")
+            }
+            answer = await up.call("POST", "create_session", body)
+            if not self.live(up):
+                raise Detached("create_session")
+            session.trainer_id = str(answer["session_id"])
+            session.gen = self.gen
+            session.next_model_seq = session.next_sampler_seq = 0
+            self.ids.learn(session.trainer_id, session.program_id)
+            return session.trainer_id
+
+    # -------------------------------------------------------------------- models
+
+    async def ensure_model(
+        self, model: Model, up: Upstream, result: AttachResult | None = None
+    ) -> None:
+        """Make ``model`` live on ``up`` (caller holds ``model.cond``): from its restore
+        point, or as the program created it; then its redo log, in order, answered."""
+        if model.gen == self.gen and model.trainer_id is not None:
+            return
+        if model.broken is not None or model.closed:
+            return
+        started = time.monotonic()
+        restoring = model.trainer_id is not None
+        tsession = await self.trainer_session(model.session, up)
+        mseq = model.session.next_model_seq
+        model.session.next_model_seq += 1
+        create = model.create
+        ckpt = model.checkpoint
+        body: dict[str, Any]
+        if ckpt is not None:
+            kind, body = "load_weights", {"path": ckpt.ref, "optimizer": True}
+            metadata = create.body.get("user_metadata")
+            if metadata:
+                body["user_metadata"] = metadata
+        else:
+            kind, body = create.op, dict(create.body)
+            path = body.get("path")
+            if kind == "load_weights" and isinstance(path, str):
+                body["path"] = self.ids.trainer_path(path)
+        body.update({"session_id": tsession, "model_seq_id": mseq})
+        try:
+            ticket = await up.call("POST", kind, body)
+        except PlatformError as exc:
+            if exc.status_code and 400 <= exc.status_code < 500:
+                raise _refusal(exc) from None
+            raise
+        answer = await self.await_trainer(up, str(ticket["request_id"]))
+        if "error" in answer:
+            message = f"{kind} on the trainer failed: {answer['error']}"
+            if ckpt is None:
+                create.fail(str(answer["error"]), str(answer.get("category") or "user"))
+            model.broken = message
+            log.error("proxy.model_failed", model=model.program_id, error=message[:500])
+            return
+        model.trainer_id = str(answer.get("model_id") or ids.model_id(tsession, mseq))
+        model.gen = self.gen
+        model.next_tseq = 1
+        self.ids.learn_run(model.trainer_id, model.program_id)
+        info = await self.model_info(model, up)
+        if model.step_base is None:
+            # A model the program loaded from a checkpoint counts on from its step (when
+            # the trainer says which: localplane's get_info does).
+            steps = info.get("optim_steps")
+            model.step_base = steps if isinstance(steps, int) else 0
+        create.resolve(
+            {"type": create.op, "model_id": model.program_id, "path": create.body.get("path")}
+            if create.op == "load_weights"
+            else {"type": "create_model", "model_id": model.program_id}
+        )
+        if not restoring or result is None:
+            await self.redo(model, up, None)
+            return
+        result.models_restored += 1
+        digests: list[bool] = []
+        if ckpt is not None and model.index == 0:
+            result.restored_from = ckpt.record
+            result.checkpoint_digest = info.get("weights_digest")
+            digests += self._digest_matches(ckpt.step, result.checkpoint_digest)
+        redo_started = time.monotonic()
+        await self.redo(model, up, result)
+        result.redo_seconds += time.monotonic() - redo_started
+        if model.index == 0:
+            after = await self.model_info(model, up)
+            result.weights_digest = after.get("weights_digest")
+            digests += self._digest_matches(job_step(model), result.weights_digest)
+            result.digests_match = all(digests) if digests else None
+        log.info(
+            "proxy.model_restored",
+            model=model.program_id,
+            trainer_model=model.trainer_id,
+            checkpoint=ckpt.name if ckpt else None,
+            redo=len(model.redo),
+            step=job_step(model),
+            seconds=round(time.monotonic() - started, 3),
+            digests_match=result.digests_match,
+        )
+
+    def _digest_matches(self, step: int, digest: str | None) -> list[bool]:
+        known = self.progress.digests.get(step)
+        if digest is None or known is None:
+            return []
+        if digest != known:
+            log.error("proxy.digest_mismatch", step=step, expected=known, got=digest)
+        return [digest == known]
+
+    async def model_info(self, model: Model, up: Upstream) -> dict[str, Any]:
+        answer = await up.call("POST", "get_info", {"model_id": model.trainer_id})
+        return answer if isinstance(answer, dict) else {}
+
+    async def redo(self, model: Model, up: Upstream, result: AttachResult | None) -> None:
+        """Send the model's redo log again, in order; wait for it to be executed."""
+        sent: list[Op] = []
+        again: list[Op] = []
+        for op in list(model.redo):
+            if not needs_redo(op):
+                continue
+            before = op.sends
+            try:
+                await self.submit(model, op, up)
+            except Refused as exc:
+                op.fail(exc.message, "user")
+                model.redo.remove(op)
+                continue
+            sent.append(op)
+            if before:
+                again.append(op)
+            if op.op == "optim_step":
+                await self.after_weights_change(model, op, up)
+        if result is not None:
+            # Redone: sent before (an operation logged while no trainer was attached is
+            # sent here for the first time).
+            result.ops_redone += len(again)
+            result.optimizer_steps_redone += sum(op.op == "optim_step" for op in again)
+        await self.wait_executed(up, sent)
+
+    async def wait_executed(self, up: Upstream, ops: Iterable[Op]) -> None:
+        """Until the trainer of ``up`` executed every op (raises Detached if it is lost)."""
+        deadline = time.monotonic() + self.settings.call_timeout_s
+        for op in ops:
+            while not op.executed.is_set():
+                if not self.live(up):
+                    raise Detached("wait")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TrainerGone(
+                        f"{op.op} not executed within {self.settings.call_timeout_s:g}s",
+                        None,
+                    )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(op.executed.wait(), min(left, 0.5))
+
+    async def await_trainer(self, up: Upstream, request_id: str) -> dict[str, Any]:
+        """The trainer's answer to one of its futures (polled until it is there)."""
+        while True:
+            answer = await up.poll(request_id)
+            if answer.get("type") != "try_again":
+                return answer
+
+    # ----------------------------------------------------------------- submission
+
+    def trainer_body(self, model: Model, op: Op, tseq: int) -> dict[str, Any]:
+        body = dict(op.body)
+        body["model_id"] = model.trainer_id
+        body["seq_id"] = tseq
+        if op.op == "load_weights" and isinstance(body.get("path"), str):
+            body["path"] = self.ids.trainer_path(body["path"])
+        if op.op == "save_weights_for_sampler" and body.get("path") is None:
+            body["sampling_session_seq_id"] = model.session.next_sampler_seq
+            model.session.next_sampler_seq += 1
+        if op.op in ("forward", "forward_backward"):
+            self._map_spans(body)
+        return body
+
+    def _map_spans(self, body: dict[str, Any]) -> None:
+        """Provenance spans name sampled sequences by the program's ids; the trainer knows
+        its own."""
+        for key in ("forward_input", "forward_backward_input"):
+            inner = body.get(key)
+            if not isinstance(inner, dict):
+                continue
+            data = []
+            for datum in inner.get("data") or []:
+                if isinstance(datum, dict) and (
+                    datum.get("loss_fn_input_spans") or datum.get("model_input_spans")
+                ):
+                    datum = dict(datum)
+                    for name in ("loss_fn_input_spans", "model_input_spans"):
+                        if datum.get(name):
+                            datum[name] = [self._map_span(s) for s in datum[name]]
+                data.append(datum)
+            body[key] = {**inner, "data": data}
+
+    def _map_span(self, span: Any) -> Any:
+        if not isinstance(span, dict):
+            return span
+        out = {}
+        for kind, arm in span.items():
+            if isinstance(arm, dict) and isinstance(arm.get("sequence_id"), str):
+                arm = {**arm, "sequence_id": self.trainer_sequence_id(arm["sequence_id"])}
+            out[kind] = arm
+        return out
+
+    def trainer_sequence_id(self, program_sequence: str) -> str:
+        head, _, index = program_sequence.rpartition(":")
+        op = self.futures.get(head)
+        if op is not None and index.isdigit() and int(index) < len(op.trainer_sequence_ids):
+            return op.trainer_sequence_ids[int(index)]
+        return program_sequence
+
+    async def submit(self, model: Model, op: Op, up: Upstream) -> None:
+        """Send ``op`` as the model's next trainer operation and have its answer polled.
+        Raises Refused (nothing taken), TrainerGone or Detached."""
+        tseq = model.next_tseq
+        body = self.trainer_body(model, op, tseq)
+        try:
+            ticket = await up.call("POST", endpoint(op), body)
+        except PlatformError as exc:
+            if exc.status_code and 400 <= exc.status_code < 500:
+                raise _refusal(exc) from None
+            raise
+        if not self.live(up):
+            raise Detached(op.op)
+        model.next_tseq = tseq + 1
+        op.sends += 1
+        self._polling(op, up, str(ticket["request_id"]))
+
+    def _polling(self, op: Op, up: Upstream, trainer_request_id: str) -> None:
+        op.gen = self.gen
+        op.trainer_request_id = trainer_request_id
+        op.executed = asyncio.Event()
+        op.outcome_ok = None
+        poller = self.spawn(self._poll(op, up), f"poll {op.op}")
+        self._pollers.add(poller)
+        poller.add_done_callback(self._pollers.discard)
+
+    async def _poll(self, op: Op, up: Upstream) -> None:
+        assert op.trainer_request_id is not None
+        try:
+            answer = await self.await_trainer(up, op.trainer_request_id)
+        except Detached:
+            return
+        except TrainerGone as exc:
+            self.lose(up, exc)
+            return
+        except PlatformError as exc:
+            # A refusal of the poll itself (the key revoked, a malformed id): not the
+            # trainer's outcome of the operation; say so to whoever waits.
+            answer = {"error": f"retrieving the result failed: {exc}", "category": "server"}
+        if op.gen != self.gen or not self.live(up):
+            return
+        self.settle(op, answer)
+
+    # ------------------------------------------------------------------- outcomes
+
+    def settle(self, op: Op, answer: dict[str, Any]) -> None:
+        """The trainer's outcome of ``op`` in this generation."""
+        ok = "error" not in answer
+        op.outcome_ok = ok
+        op.trainer_result = answer if ok else None
+        first = not op.done
+        if first and not op.internal:
+            self.progress.answered_at = time.monotonic()
+        if ok:
+            program = self.program_result(op, answer)
+            if first:
+                op.resolve(program)
+            elif op.op == "forward_backward" and _loss(op) is not None:
+                redone = (answer.get("metrics") or {}).get("loss:sum")
+                if op.result is not None and redone != (op.result.get("metrics") or {}).get(
+                    "loss:sum"
+                ):
+                    log.error("proxy.redo_diverged", op=op.op, seq=op.seq, loss=redone)
+        else:
+            category = str(answer.get("category") or "unknown")
+            op.fail(str(answer.get("error")), category)
+            if op.internal or op.op == "optim_step":
+                log.error("proxy.operation_failed", op=op.op, error=str(answer.get("error"))[:500])
+        op.executed.set()
+        if op.op == "asample":
+            self.oneoff.pop(op.request_id, None)
+            if op.sampler is not None:
+                op.sampler.pending.pop(op.request_id, None)
+        model = op.model
+        if model is not None:
+            self._after_settled(model, op)
+
+    def program_result(self, op: Op, answer: dict[str, Any]) -> dict[str, Any]:
+        """The trainer's answer as the program must see it (its own ids and paths)."""
+        if op.op in _NO_IDS:
+            return answer
+        model = op.model
+        if op.op in ("save_weights", "save_weights_for_sampler") and model is not None:
+            trainer_path = answer.get("path")
+            name = op.body.get("path")
+            if isinstance(trainer_path, str) and isinstance(name, str):
+                parts = ids.split_path(trainer_path)
+                kind = parts[1] if parts else "weights"
+                program_path = f"{ids.TINKER}{model.program_id}/{kind}/{name}"
+                self.ids.learn_path(program_path, trainer_path)
+                self.ids.learn_path(name, trainer_path)  # a bare name, across trainer jobs
+                return {**self.ids.program_value(answer), "path": program_path}
+            tsampler = answer.get("sampling_session_id")
+            if isinstance(tsampler, str) and op.sampler is not None:
+                self.ids.learn(tsampler, op.sampler.program_id)
+                op.sampler.trainer_id, op.sampler.gen = tsampler, self.gen
+                return {**answer, "path": None, "sampling_session_id": op.sampler.program_id}
+        if op.op == "load_weights":
+            return {**self.ids.program_value(answer), "path": op.body.get("path")}
+        return self.ids.program_value(answer)
+
+    def _after_settled(self, model: Model, op: Op) -> None:
+        if op.internal:
+            self._checkpoint_settled(model)
+        elif op.op in ("optim_step", "forward_backward"):
+            self._flush_steps(model)
+
+    def _flush_steps(self, model: Model) -> None:
+        """Step events, in order, for every optim_step answered with its forward_backwards."""
+        up = self.up
+        while model.step_queue:
+            op = model.step_queue[0]
+            if not op.done or not all(fb.done for fb in op.fbs):
+                return
+            model.step_queue.pop(0)
+            if op.error is not None or op.step_after is None or model.index != 0:
+                continue
+            losses = [x for x in (_loss(fb) for fb in op.fbs) if x is not None]
+            loss = sum(losses) / len(losses) if losses else None
+            step = (model.step_base or 0) + op.step_after
+            if step <= self.progress.step:
+                continue  # reported before the loss; the redo answered it again
+            self.progress.step = step
+            if loss is not None:
+                self.progress.record_loss(step, loss)
+            metrics = {
+                k: float(v)
+                for k, v in ((op.result or {}).get("metrics") or {}).items()
+                if isinstance(v, int | float)
+            }
+            self._emit(
+                StepEvent(
+                    step=step,
+                    loss=loss,
+                    metrics=metrics,
+                    trainer_job_id=up.trainer_job_id if up else "",
+                )
+            )
+            if self._digests and up is not None:
+                self._want_digest(model, up)
+
+    def _want_digest(self, model: Model, up: Upstream) -> None:
+        if model.digest_busy:
+            model.digest_again = True
+            return
+        model.digest_busy = True
+        self.spawn(self._fetch_digest(model, up), "digest")
+
+    async def _fetch_digest(self, model: Model, up: Upstream) -> None:
+        try:
+            while True:
+                model.digest_again = False
+                if not self.live(up) or model.gen != self.gen:
+                    return
+                try:
+                    info = await self.model_info(model, up)
+                except (Detached, TrainerGone, PlatformError):
+                    return
+                digest, steps = info.get("weights_digest"), info.get("optim_steps")
+                if not isinstance(digest, str):
+                    self._digests = False  # this trainer reports none: stop asking
+                    return
+                if isinstance(steps, int) and model.gen == self.gen:
+                    self.progress.record_digest(steps, digest)
+                if not model.digest_again:
+                    return
+        finally:
+            model.digest_busy = False
+
+    # ----------------------------------------------------------------- the log
+
+    def log_op(self, model: Model, op: Op) -> None:
+        """``op`` is the model's next operation: into its redo log, with what it means for
+        the model's step and weights."""
+        op.lpos = model.lpos
+        model.lpos += 1
+        model.redo.append(op)
+        if op.op == "forward_backward":
+            model.cur_fbs.append(op)
+        elif op.op == "optim_step":
+            op.fbs, model.cur_fbs = model.cur_fbs, []
+            model.step += 1
+            model.wver += 1
+            op.step_after = model.step
+            model.step_queue.append(op)
+        elif op.op == "load_weights":
+            model.wver += 1
+        op.wver = model.wver
+
+    async def after_weights_change(self, model: Model, op: Op, up: Upstream) -> None:
+        """After an optim_step is sent (fresh or redone): Shepherd's checkpoint of the
+        weights it makes, when one is due."""
+        if op.step_after is None or op.lpos is None or not self.live(up):
+            return
+        step = (model.step_base or 0) + op.step_after
+        due = step % self.settings.checkpoint_every == 0 or len(model.redo) >= MAX_REDO_OPS
+        known = [model.checkpoint, *model.pending]
+        if not due or any(c is not None and c.wver == op.wver and not c.failed for c in known):
+            return
+        await self.issue_checkpoint(model, up, step=step, wver=op.wver, lpos=op.lpos + 1)
+
+    async def issue_checkpoint(
+        self, model: Model, up: Upstream, *, step: int, wver: int, lpos: int
+    ) -> Checkpoint:
+        """Save the model's state (with optimizer: resumable) and its promotable sampler
+        twin, as its next two trainer operations: the weights of version ``wver``, which
+        the operations before log position ``lpos`` made."""
+        name = self.settings.checkpoint_name(step, model.index)
+        if self.account is None:
+            self.account = await self.platform.account_id()
+        job = f"accounts/{self.account}/rlorTrainerJobs/{up.trainer_job_id}"
+        state_op = Op("save_weights", {"model_id": model.program_id, "path": name}, internal=True)
+        sampler_op = Op(
+            "save_weights_for_sampler",
+            {"model_id": model.program_id, "path": f"{name}-sampler"},
+            internal=True,
+        )
+        ckpt = Checkpoint(
+            name=name,
+            step=step,
+            lpos=lpos,
+            wver=wver,
+            trainer_job_id=up.trainer_job_id,
+            state_op=state_op,
+            sampler_op=sampler_op,
+            ref=f"{job}/checkpoints/{name}",
+            record=CheckpointRecord(
+                name=f"{job}/checkpoints/{name}",
+                sampler=f"{job}/checkpoints/{name}-sampler",
+                step=step,
+                trainer_job_id=up.trainer_job_id,
+            ),
+        )
+        for op in (state_op, sampler_op):
+            op.model = model
+        model.pending.append(ckpt)
+        try:
+            await self.submit(model, state_op, up)
+            await self.submit(model, sampler_op, up)
+        except Refused as exc:
+            model.pending.remove(ckpt)
+            log.error("proxy.checkpoint_refused", name=name, error=exc.message[:500])
+        return ckpt
+
+    def _checkpoint_settled(self, model: Model) -> None:
+        for ckpt in list(model.pending):
+            if ckpt.failed:
+                model.pending.remove(ckpt)
+                log.error("proxy.checkpoint_failed", name=ckpt.name, step=ckpt.step)
+            elif ckpt.saved and ckpt.name not in self._emitted:
+                self._emitted.add(ckpt.name)
+                ckpt.record = ckpt.record.model_copy(update={"saved_at": None})
+                log.info("proxy.checkpoint_saved", name=ckpt.record.name, step=ckpt.step)
+                if model.index == 0:
+                    self.progress.checkpoints.append(ckpt.record)
+                    del self.progress.checkpoints[:-PROGRESS_HISTORY]
+                    self._emit(CheckpointEvent(record=ckpt.record))
+        self.truncate(model)
+
+    def truncate(self, model: Model) -> None:
+        """Make the newest saved checkpoint the restore point once every operation before it
+        was answered: the redo log then starts after it."""
+        while model.pending and model.pending[0].saved:
+            ckpt = model.pending[0]
+            before = [op for op in model.redo if op.lpos is not None and op.lpos < ckpt.lpos]
+            if not all(op.done for op in before):
+                return
+            model.pending.pop(0)
+            # Gradients accumulated since the last weights change are not in a checkpoint
+            # (it holds weights and optimizer state): those forward_backwards stay.
+            last_change = max(
+                (i for i, op in enumerate(before) if op.op in ("optim_step", "load_weights")),
+                default=-1,
+            )
+            keep = [op for op in before[last_change + 1 :] if op.op == "forward_backward"]
+            gone = [op for op in before if op not in keep]
+            model.redo = keep + [op for op in model.redo if op.lpos is None or op.lpos >= ckpt.lpos]
+            model.checkpoint = ckpt
+            self._settle_snapshots(model, ckpt, gone)
+            for op in gone:
+                op.release()
+
+    def _settle_snapshots(self, model: Model, ckpt: Checkpoint, gone: list[Op]) -> None:
+        """Snapshots leaving the redo log: made again from the checkpoint's sampler twin when
+        they hold its weights, else lost for a later trainer."""
+        left = {id(op) for op in gone}
+        for sampler in self.samplers.values():
+            snap = sampler.snap_op
+            if sampler.model is not model or snap is None or id(snap) not in left:
+                continue
+            if snap.wver == ckpt.wver:
+                sampler.kind = "path"
+                sampler.trainer_path = ckpt.record.sampler
+                sampler.snap_op = None
+            else:
+                sampler.lost = (
+                    f"sampling session {sampler.program_id} was a snapshot of model "
+                    f"{model.program_id} older than Shepherd's checkpoint {ckpt.name}; after "
+                    "the trainer was replaced it cannot be made again: save the weights for "
+                    "the sampler anew"
+                )
+
+    # ------------------------------------------------------------------ samplers
+
+    def add_sampler(self, sampler: Sampler) -> None:
+        self.samplers[sampler.program_id] = sampler
+        self.samplers.move_to_end(sampler.program_id)
+        while len(self.samplers) > MAX_SAMPLERS:
+            oldest = next(iter(self.samplers.values()))
+            if oldest.pending:
+                break
+            del self.samplers[oldest.program_id]
+
+    async def ensure_sampler(self, sampler: Sampler, up: Upstream) -> None:
+        """Make ``sampler`` live on ``up``."""
+        if sampler.gen == self.gen and sampler.trainer_id is not None:
+            return
+        if sampler.lost is not None:
+            raise Refused(400, "FAILED_PRECONDITION", sampler.lost)
+        if sampler.kind == "snapshot":
+            model = sampler.model
+            assert model is not None
+            async with model.cond:
+                await self.ensure_model(model, up)
+            if sampler.gen != self.gen and self.live(up):
+                # The snapshot's save was refused or failed in the redo.
+                raise Refused(
+                    400,
+                    "FAILED_PRECONDITION",
+                    f"sampling session {sampler.program_id} could not be made again",
+                )
+            return
+        async with sampler.lock:
+            if sampler.gen == self.gen and sampler.trainer_id is not None:
+                return
+            tsession = await self.trainer_session(sampler.session, up)
+            seq = sampler.session.next_sampler_seq
+            sampler.session.next_sampler_seq += 1
+            body: dict[str, Any] = {"session_id": tsession, "sampling_session_seq_id": seq}
+            if sampler.kind == "path":
+                body["model_path"] = sampler.trainer_path
+            else:
+                body["base_model"] = sampler.base_model
+            try:
+                answer = await up.call("POST", "create_sampling_session", body)
+            except PlatformError as exc:
+                if exc.status_code and 400 <= exc.status_code < 500:
+                    raise _refusal(exc) from None
+                raise
+            if not self.live(up):
+                raise Detached("create_sampling_session")
+            sampler.trainer_id = str(answer["sampling_session_id"])
+            sampler.gen = self.gen
+            self.ids.learn(sampler.trainer_id, sampler.program_id)
+
+    async def send_sample(self, op: Op, up: Upstream) -> None:
+        body = dict(op.body)
+        sampler = op.sampler
+        if sampler is not None and not sampler.lost:
+            await self.ensure_sampler(sampler, up)
+            body["sampling_session_id"] = sampler.trainer_id
+        if isinstance(body.get("model_path"), str):
+            body["model_path"] = self.ids.trainer_path(body["model_path"])
+        try:
+            ticket = await up.call("POST", "asample", body)
+        except PlatformError as exc:
+            if exc.status_code and 400 <= exc.status_code < 500:
+                raise _refusal(exc) from None
+            raise
+        if not self.live(up):
+            raise Detached("asample")
+        op.trainer_sequence_ids = [str(s) for s in ticket.get("sample_sequence_ids") or []]
+        self.ids.learn(str(ticket["request_id"]), op.request_id)
+        self._polling(op, up, str(ticket["request_id"]))
+
+
+def job_step(model: Model) -> int:
+    """The model's step as the job counts it."""
+    return (model.step_base or 0) + model.step
+
+
+class NoTrainer(Exception):
+    """No trainer was attached within the hold: the program is answered 503 (retryable)."""
+
+    def __init__(self, hold: float) -> None:
+        super().__init__(
+            f"no trainer is serving this job right now (it is being brought back after a "
+            f"preemption or a pause); waited {hold:g}s — try again"
+        )

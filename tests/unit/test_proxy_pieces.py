@@ -1,0 +1,239 @@
+"""The proxy's pure pieces: the id map, the settings' names and route-race delays, the
+bounded tables, and where the redo log is cut when a checkpoint becomes the restore point."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from shepherd.models import CheckpointRecord
+from shepherd.proxy import ids
+from shepherd.proxy.core import Core, needs_redo
+from shepherd.proxy.ids import IdMap
+from shepherd.proxy.settings import (
+    DEDUPE_WINDOW,
+    MAX_KEPT_RESULTS,
+    MIN_ROUTE_RACE_DELAY_S,
+    RESULT_KEEP_AFTER_READ_S,
+    ProxySettings,
+)
+from shepherd.proxy.state import Checkpoint, FutureTable, Model, Op, Sampler, Session
+from shepherd.proxy.upstream import jsonable
+
+
+def _settings(**overrides: Any) -> ProxySettings:
+    return ProxySettings(**{"trainer_base_model": "m", "checkpoint_every": 4, **overrides})
+
+
+# ------------------------------------------------------------------------------ ids
+
+
+def test_trainer_ids_of_every_generation_read_as_the_programs() -> None:
+    m = IdMap()
+    m.learn_run("s1:train:0", "ps-a:train:0")
+    m.learn_run("s2:train:3", "ps-a:train:0")  # the same program model, restored
+    m.learn("req-9", "pr-1")
+    assert m.program_str("s2:train:3") == "ps-a:train:0"
+    assert (
+        m.program_str("tinker://s1:train:0/weights/final") == "tinker://ps-a:train:0/weights/final"
+    )
+    assert m.program_str("tinker://other:train:0/weights/x") == "tinker://other:train:0/weights/x"
+    assert m.program_str("req-9:1") == "pr-1:1"  # a sampled sequence
+    assert m.program_str("unrelated") == "unrelated"
+    answer = {"model_id": "s2:train:3", "list": ["s1:train:0", 3], "n": None}
+    assert m.program_value(answer) == {
+        "model_id": "ps-a:train:0",
+        "list": ["ps-a:train:0", 3],
+        "n": None,
+    }
+    assert m.runs("ps-a:train:0") == ["s1:train:0", "s2:train:3"]
+
+
+def test_a_programs_path_leads_to_the_file_its_save_made() -> None:
+    m = IdMap()
+    m.learn_run("s1:train:0", "ps-a:train:0")
+    m.learn_path("tinker://ps-a:train:0/weights/a", "tinker://s1:train:0/weights/a")
+    m.learn_run("s2:train:0", "ps-a:train:0")
+    # Saved by the first generation: its file, whatever generation asks.
+    assert m.trainer_path("tinker://ps-a:train:0/weights/a") == "tinker://s1:train:0/weights/a"
+    # Never saved through the proxy: the model's latest run.
+    assert m.trainer_path("tinker://ps-a:train:0/weights/b") == "tinker://s2:train:0/weights/b"
+    # Not a program model's, or not a path: as given.
+    assert m.trainer_path("tinker://x:train:0/weights/b") == "tinker://x:train:0/weights/b"
+    assert m.trainer_path("step-5") == "step-5"
+
+
+def test_the_id_map_is_bounded() -> None:
+    m = IdMap(limit=3)
+    for i in range(10):
+        m.learn(f"t{i}", f"p{i}")
+    assert m.program("t9") == "p9" and m.program("t0") is None
+
+
+def test_shepherds_checkpoint_names_are_told_from_the_programs() -> None:
+    mine = ids.shepherd_checkpoint("step-")
+    assert all(
+        mine.match(n) for n in ("step-00000004", "step-00000004-sampler", "step-00000004-m1")
+    )
+    assert not any(mine.match(n) for n in ("step-4", "000004", "final", "step-00000004x"))
+
+
+# ------------------------------------------------------------------------- settings
+
+
+def test_checkpoint_names_and_route_race_delays() -> None:
+    s = _settings()
+    assert s.checkpoint_name(40) == "step-00000040"
+    assert s.checkpoint_name(40, 2) == "step-00000040-m2"
+    delays = [s.race_delay(i) for i in range(1, s.route_race_retries + 1)]
+    assert delays[0] == pytest.approx(MIN_ROUTE_RACE_DELAY_S)
+    assert delays == sorted(delays)
+    assert sum(delays) == pytest.approx(s.route_race_window_s)
+    tight = _settings(route_race_retries=8, route_race_window_s=0.1)
+    assert [tight.race_delay(i) for i in (1, 8)] == [MIN_ROUTE_RACE_DELAY_S] * 2
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("checkpoint_prefix", "../x"),
+        ("checkpoint_every", 0),
+        ("lora_rank", -1),
+        ("route_race_window_s", 1e9),
+    ],
+)
+def test_settings_refuse_what_cannot_work(field: str, value: Any) -> None:
+    with pytest.raises(ValidationError, match=field):
+        _settings(**{field: value})
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def test_results_are_dropped_by_age_and_count_never_unanswered() -> None:
+    table = FutureTable()
+    waiting = Op("forward", {})
+    table.add(waiting)
+    read = Op("forward", {})
+    read.resolve({"x": 1})
+    read.first_read = time.monotonic() - RESULT_KEEP_AFTER_READ_S - 1
+    table.add(read)
+    fresh = Op("forward", {})
+    fresh.resolve({"x": 2})
+    table.add(fresh)
+    table.sweep(time.monotonic())
+    assert table.get(waiting.request_id) is waiting
+    assert table.get(read.request_id) is None and read.dropped and read.result is None
+    assert table.get(fresh.request_id) is fresh
+    for _ in range(MAX_KEPT_RESULTS + 10):
+        op = Op("forward", {})
+        op.resolve({})
+        table.add(op)
+    assert len(table) <= MAX_KEPT_RESULTS and table.get(waiting.request_id) is waiting
+
+
+def test_the_dedupe_window_keeps_what_is_not_answered() -> None:
+    model = Model("p", Session("s", {}), 0, Op("create_model", {}))
+    first = Op("forward", {}, seq=1)
+    model.remember(first)
+    for seq in range(2, DEDUPE_WINDOW + 10):
+        op = Op("forward", {}, seq=seq)
+        op.resolve({})
+        model.remember(op)
+    assert 1 in model.ops  # unanswered: still known
+    first.resolve({})
+    model.remember(Op("forward", {}, seq=DEDUPE_WINDOW + 20))
+    assert 1 not in model.ops and len(model.ops) <= DEDUPE_WINDOW + 1
+
+
+def test_json_bodies_carry_no_arrays() -> None:
+    body = {"a": np.arange(3), "b": [np.float32(1.5), {"c": np.int64(2)}], "d": (1, 2)}
+    assert jsonable(body) == {"a": [0, 1, 2], "b": [1.5, {"c": 2}], "d": [1, 2]}
+
+
+# ----------------------------------------------------------------- the redo log's cut
+
+
+def _core() -> Core:
+    return Core(None, _settings(), lambda event: None)  # type: ignore[arg-type]
+
+
+def _logged(core: Core, model: Model, op: str, *, done: bool = True) -> Op:
+    entry = Op(op, {"model_id": model.program_id}, model=model)
+    core.log_op(model, entry)
+    if done:
+        entry.resolve({})
+    return entry
+
+
+def _checkpoint(model: Model) -> Checkpoint:
+    def saved() -> Op:
+        op = Op("save_weights", {}, internal=True)
+        op.outcome_ok = True
+        return op
+
+    return Checkpoint(
+        name="step-x",
+        step=model.step,
+        lpos=model.lpos,
+        wver=model.wver,
+        trainer_job_id="j",
+        state_op=saved(),
+        sampler_op=saved(),
+        ref="accounts/a/rlorTrainerJobs/j/checkpoints/step-x",
+        record=CheckpointRecord(name="n", step=model.step, trainer_job_id="j", sampler="n-sampler"),
+    )
+
+
+def test_a_checkpoint_cuts_the_redo_log_once_everything_before_it_is_answered() -> None:
+    core = _core()
+    model = Model("p", Session("s", {}), 0, Op("create_model", {}))
+    _logged(core, model, "forward_backward")
+    step1 = _logged(core, model, "optim_step", done=False)
+    ckpt = _checkpoint(model)
+    model.pending.append(ckpt)
+    after = _logged(core, model, "forward_backward")
+    core.truncate(model)
+    assert model.checkpoint is None and len(model.redo) == 3  # step 1 is not answered yet
+    step1.resolve({})
+    core.truncate(model)
+    assert model.checkpoint is ckpt and model.redo == [after] and not model.pending
+    assert step1.body == {}  # out of the log for good: its body is let go
+
+
+def test_gradients_not_yet_applied_stay_in_the_redo_log() -> None:
+    """A checkpoint holds weights and optimizer state, not accumulated gradients: the
+    forward_backwards since the last optimizer step are redone after it."""
+    core = _core()
+    model = Model("p", Session("s", {}), 0, Op("create_model", {}))
+    _logged(core, model, "forward_backward")
+    _logged(core, model, "optim_step")
+    pending_grad = _logged(core, model, "forward_backward")
+    forward = _logged(core, model, "forward")
+    model.pending.append(_checkpoint(model))
+    core.truncate(model)
+    assert model.redo == [pending_grad]
+    assert needs_redo(pending_grad) and not needs_redo(forward)
+
+
+def test_a_snapshot_leaving_the_log_is_made_from_the_checkpoint_or_lost() -> None:
+    core = _core()
+    session = Session("s", {})
+    model = Model("p", session, 0, Op("create_model", {}))
+    old_snap = _logged(core, model, "save_weights_for_sampler")  # at weights version 0
+    _logged(core, model, "forward_backward")
+    _logged(core, model, "optim_step")
+    same_snap = _logged(core, model, "save_weights_for_sampler")  # at the checkpoint's
+    for name, snap in (("old", old_snap), ("same", same_snap)):
+        sampler = Sampler(name, session, "snapshot", model=model, snap_op=snap)
+        snap.sampler = sampler
+        core.add_sampler(sampler)
+    model.pending.append(_checkpoint(model))
+    core.truncate(model)
+    old, same = core.samplers["old"], core.samplers["same"]
+    assert old.lost is not None and "older than Shepherd's checkpoint" in old.lost
+    assert same.lost is None and same.kind == "path" and same.trainer_path == "n-sampler"
