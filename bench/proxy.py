@@ -10,7 +10,9 @@ a fresh trainer job of one config, one after the other, on one localplane:
    (the tinker SDK sends ``forward_backward`` as protobuf) — a program without Shepherd;
 2. **proxy**: the same program through a :class:`~shepherd.proxy.ProgramProxy` (in this
    process) to a JSON-only trainer (``trainerProtobuf: false``, as hosted trainers are), with
-   Shepherd's checkpoints every ``--checkpoint-every`` steps and the per-step weights digest.
+   Shepherd's checkpoints every ``--checkpoint-every`` steps and the per-step weights digest
+   (a ``get_info`` after every step; ``--no-digests`` leaves it out, as the proxy does by
+   itself on a trainer that reports no digest, e.g. a hosted one).
 
 ``rounds`` alternate the two. Figures:
 

@@ -189,8 +189,11 @@ class ProgramApi:
 
     async def list_sessions(self, c: Call) -> dict[str, Any]:
         open_ids = [s.program_id for s in self.core.sessions.values() if not s.finished]
-        offset, limit = int(c.query.get("offset") or 0), int(c.query.get("limit") or 20)
-        return {"sessions": open_ids[offset : offset + limit]}
+        try:
+            offset, limit = int(c.query.get("offset") or 0), int(c.query.get("limit") or 20)
+        except ValueError:
+            raise _bad("limit, offset: must be integers") from None
+        return {"sessions": open_ids[max(0, offset) : max(0, offset) + max(0, limit)]}
 
     async def get_session(self, c: Call) -> dict[str, Any]:
         session = self.core.sessions.get(c.params["session_id"])
