@@ -133,7 +133,7 @@ class ProgramActivities:
         directory.mkdir(parents=True, exist_ok=True)
         events: asyncio.Queue[ProxyEvent] = asyncio.Queue()
         proxy = ProgramProxy(
-            self.clients.client(inp.backend), _proxy_settings(inp), on_event=events.put
+            self.clients.client(inp.backend), _proxy_settings(inp, program), on_event=events.put
         )
         run = _Run(proxy=proxy, events=events)
         await run.proxy.start()
@@ -235,18 +235,18 @@ class ProgramActivities:
     def _absorb(run: _Run, event: ProxyEvent) -> bool:
         """Take ``event`` into the run's progress; True if it must reach the workflow now."""
         if event.kind == "step":
-            run.step = max(run.step, event.step or 0)
+            run.step = max(run.step, event.step)
             if event.loss is not None:
                 run.last_loss = event.loss
-                run.losses.append((event.step or 0, event.loss))
+                run.losses.append((event.step, event.loss))
             run.dirty = True
             return False
-        if event.kind == "checkpoint" and event.checkpoint is not None:
-            run.checkpoints.append(event.checkpoint)
+        if event.kind == "checkpoint":
+            run.checkpoints.append(event.record)
             run.dirty = True
             return True
         if event.kind == "trainer_lost":
-            run.trainer_lost = event.detail or "the trainer stopped answering"
+            run.trainer_lost = f"{event.reason} (the job is {event.state or 'unknown'})"
             run.dirty = True
             return True
         return False
@@ -282,10 +282,23 @@ class ProgramActivities:
 
     @activity.defn(name="program_attach")
     async def program_attach(self, inp: ProgramAttachInput) -> ProgramAttachResult:
+        from shepherd.proxy import ProxyError
+
         run = self._run()
-        done = await run.proxy.attach(inp.trainer_job_id)
-        log(trainer_job_id=inp.trainer_job_id).info("program.attached", **done.model_dump())
-        return ProgramAttachResult.model_validate(done.model_dump())
+        try:
+            done = await run.proxy.attach(inp.trainer_job_id)
+        except ProxyError as exc:
+            # The trainer was lost while its models were restored: the workflow recovers it.
+            raise ApplicationError(
+                str(exc), type=policies.TRAINER_LOST, non_retryable=True
+            ) from None
+        return ProgramAttachResult(
+            restored_from=done.restored_from.name if done.restored_from else None,
+            ops_redone=done.ops_redone,
+            optimizer_steps_redone=done.optimizer_steps_redone,
+            seconds=done.seconds,
+            digests_match=done.digests_match,
+        )
 
     @activity.defn(name="program_detach")
     async def program_detach(self, inp: ProgramControlInput) -> None:
@@ -296,12 +309,13 @@ class ProgramActivities:
         return await self._run().proxy.checkpoint_now()
 
 
-def _proxy_settings(inp: RunProgramInput) -> ProxySettings:
+def _proxy_settings(inp: RunProgramInput, program: programs.Program) -> ProxySettings:
     from shepherd.proxy import ProxySettings
 
     s = inp.settings
     return ProxySettings(
         trainer_base_model=s.base_model,
+        base_model_aliases=tuple(program.model_names(inp.args)),
         lora_rank=s.lora_rank,
         checkpoint_every=s.checkpoint_every,
         call_timeout_s=s.call_timeout_s,

@@ -296,6 +296,8 @@ class ProgramAttachResult(Model):
     ops_redone: int = 0
     optimizer_steps_redone: int = 0
     seconds: float = 0.0
+    #: The restored weights equal the lost trainer's at the same step (None: no digest).
+    digests_match: bool | None = None
 
 
 class ProgramControlInput(Model):
@@ -389,6 +391,9 @@ class RecoveryRecord(Model):
     duration_s: float | None = None
     #: How the trainer came back: "resume" or "new-trainer" (fallback to on-demand).
     action: str = "resume"
+    #: A program's job: the restored weights are the lost trainer's at the same step (the
+    #: trainer's weights digests compared; None: the trainer reports none).
+    weights_verified: bool | None = None
 
 
 class ErrorInfo(Model):

@@ -219,9 +219,13 @@ class ProgramSeam:
                 self._program_queue = None  # wait for the attempt that runs it now
             return
         self._program_attached = trainer
-        if done.restored_from and job.s.recoveries:
+        restored = done.restored_from is not None or done.ops_redone
+        if restored and job.s.recoveries and job.s.recoveries[-1].weights_verified is None:
+            # A restore after a recovery: what it redid, and whether the weights came back
+            # as they were.
             record = job.s.recoveries[-1]
             record.steps_redone = done.optimizer_steps_redone
+            record.weights_verified = done.digests_match
         job._publish()
 
     async def _program_checkpoint(self) -> CheckpointRecord | None:

@@ -11,24 +11,34 @@ Run it against any Tinker endpoint::
 Under Shepherd it runs unchanged as a program job: Shepherd points ``TINKER_BASE_URL`` at its
 proxy, which keeps the run going through preemptions (shepherd/proxy).
 
-Knobs (environment): ``SFT_STEPS`` (12), ``SFT_LR`` (0.01), ``SFT_RANK`` (4),
-``SFT_SAMPLE_EVERY`` (4), ``SFT_BASE_MODEL`` (``accounts/fireworks/models/qwen3-8b``).
+Knobs, as ``key=value`` arguments (a Shepherd job's ``training.args``) or in the environment:
+``steps`` / ``SFT_STEPS`` (12), ``lr`` / ``SFT_LR`` (0.01), ``rank`` / ``SFT_RANK`` (4),
+``sample_every`` / ``SFT_SAMPLE_EVERY`` (4), ``base_model`` / ``SFT_BASE_MODEL``
+(``accounts/fireworks/models/qwen3-8b``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 
 import httpx
 import tinker
 from tinker import types
 
-STEPS = int(os.environ.get("SFT_STEPS", "12"))
-LEARNING_RATE = float(os.environ.get("SFT_LR", "0.01"))
-RANK = int(os.environ.get("SFT_RANK", "4"))
-SAMPLE_EVERY = int(os.environ.get("SFT_SAMPLE_EVERY", "4"))
-BASE_MODEL = os.environ.get("SFT_BASE_MODEL", "accounts/fireworks/models/qwen3-8b")
+ARGS = dict(arg.split("=", 1) for arg in sys.argv[1:] if "=" in arg)
+
+
+def knob(key: str, default: str) -> str:
+    return ARGS.get(key) or os.environ.get(f"SFT_{key.upper()}", default)
+
+
+STEPS = int(knob("steps", "12"))
+LEARNING_RATE = float(knob("lr", "0.01"))
+RANK = int(knob("rank", "4"))
+SAMPLE_EVERY = int(knob("sample_every", "4"))
+BASE_MODEL = knob("base_model", "accounts/fireworks/models/qwen3-8b")
 CORPUS = ["hello world\n", "hello there\n", "hello hello\n", "world hello\n"]
 PROMPT = "hello"
 

@@ -104,13 +104,25 @@ class ProgramApi:
             )
         return model
 
-    def _check_base_model(self, value: Any, field: str) -> None:
-        if value is not None and value != self.settings.trainer_base_model:
-            raise _bad(
-                f"{field}: {str(value)[:120]!r} is not the base model of this job's trainer, "
-                f"{self.settings.trainer_base_model!r}; a job's trainer serves one base model "
-                "(set trainer.base_model in the job's spec to the one the program uses)"
-            )
+    def _check_base_model(self, body: dict[str, Any], field: str) -> None:
+        """The program's base model must be the trainer's, by its name or by one the job
+        gives it (``base_model_aliases``: the Hugging Face name a cookbook recipe picks its
+        tokenizer by, for a trainer created as ``accounts/fireworks/models/...``); an alias is
+        replaced by the trainer's name before anything else reads the body."""
+        value = body.get(field)
+        if value is None or value == self.settings.trainer_base_model:
+            return
+        if value in self.settings.base_model_aliases:
+            body[field] = self.settings.trainer_base_model
+            return
+        known = ", ".join(repr(n) for n in self.settings.base_model_aliases)
+        raise _bad(
+            f"{field}: {str(value)[:120]!r} is not the base model of this job's trainer, "
+            f"{self.settings.trainer_base_model!r}"
+            + (f" (nor a name the job gives it: {known})" if known else "")
+            + "; a job's trainer serves one base model (set trainer.base_model in the job's "
+            "spec to the one the program uses)"
+        )
 
     def _check_rank(self, body: dict[str, Any]) -> None:
         wanted = self.settings.lora_rank
@@ -227,7 +239,7 @@ class ProgramApi:
         session = self._session(body.get("session_id"))
         seq = _integer(body, "model_seq_id")
         assert seq is not None
-        self._check_base_model(body.get("base_model"), "base_model")
+        self._check_base_model(body, "base_model")
         self._check_rank(body)
         return self._new_model(session, seq, "create_model", body)
 
@@ -312,7 +324,7 @@ class ProgramApi:
             session = self._session(body.get("session_id"))
             seq = _integer(body, "model_seq_id")
             assert seq is not None
-            self._check_base_model(body.get("base_model"), "base_model")
+            self._check_base_model(body, "base_model")
             if not isinstance(body.get("path"), str):
                 raise _bad("path: is required (a checkpoint's tinker:// path or name)")
             return self._new_model(session, seq, "load_weights", body)
@@ -453,7 +465,7 @@ class ProgramApi:
                 program_path=path,
             )
         else:
-            self._check_base_model(body.get("base_model"), "base_model")
+            self._check_base_model(body, "base_model")
             sampler = Sampler(
                 program_id,
                 session,
@@ -487,7 +499,7 @@ class ProgramApi:
             raise _bad(
                 "sampling_session_id: is required (or model_path / base_model for a one-off sample)"
             )
-        self._check_base_model(body.get("base_model"), "base_model")
+        self._check_base_model(body, "base_model")
         seq = _integer(body, "seq_id", required=False)
         digest = canonical_digest(body, ignore=_SAMPLE_ADDRESSING)
         if sampler is not None and seq is not None and seq in sampler.calls:

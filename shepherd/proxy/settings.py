@@ -82,6 +82,10 @@ class ProxySettings(BaseModel):
     #: The base model the job's trainer was created for. A program's ``create_model`` (or
     #: sampler) for another base model is refused with an error naming both.
     trainer_base_model: str = Field(min_length=1)
+    #: Other names a program may give that base model (a cookbook recipe names it by the
+    #: Hugging Face name it picks its tokenizer and renderer by: the registration's
+    #: ``model_arg``); the trainer is sent its own name.
+    base_model_aliases: tuple[str, ...] = ()
     #: The LoRA rank the trainer was created for (0: full-parameter). A program's model of
     #: another rank is refused naming both; None accepts any rank (a trainer that serves
     #: several, as localplane's does).

@@ -1,0 +1,159 @@
+"""Unmodified Tinker programs under Shepherd (issue 18): a program job runs the program behind
+its data-plane proxy while the lifecycle owns the trainer. Trainers here speak only the JSON
+dialect (as hosted ones do), so what the programs' SDKs send is really translated.
+
+The programs: the plain ``tinker`` script of examples/programs/tinker_sft.py, and the
+tinker-cookbook's ``chat_sl`` and ``math_rl`` recipes, unmodified (offline, with the byte-level
+tokenizer of tests/plane/cookbook_support.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowHandle
+
+from localplane.admin import PlaneAdmin
+from shepherd.models import JobStatus
+from shepherd.phases import Phase
+from tests.helpers import run_cli
+from tests.plane import cookbook_support as cb
+from tests.workflows.conftest import Stack
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "examples" / "programs" / "tinker_sft.py"
+BASE = "accounts/fireworks/models/qwen3-8b"
+
+
+@pytest.fixture
+async def programs_env(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, faults: PlaneAdmin
+) -> AsyncIterator[Path]:
+    """The worker (in this process) knows the example script as a program, keeps program
+    log directories under the test's temp dir, and runs programs offline; trainers speak
+    JSON only."""
+    monkeypatch.setenv(
+        "SHEPHERD_PROGRAMS",
+        json.dumps({"tinker-sft": {"script": str(SCRIPT), "total_steps_arg": "steps"}}),
+    )
+    directory = tmp_path / "programs"
+    monkeypatch.setenv("SHEPHERD_PROGRAM_DIR", str(directory))
+    for key, value in cb.offline_env(cb.hf_home(tmp_path)).items():
+        monkeypatch.setenv(key, value)
+    await faults.set_faults(trainerProtobuf=False)
+    yield directory
+
+
+def sft_spec(stack: Stack, name: str, steps: int = 12, **sections: Any) -> Any:
+    return stack.spec(
+        name,
+        trainer={"base_model": BASE, "lora_rank": 4, "extra_args": ["--compute-delay-ms=40"]},
+        training={"total_steps": None, "program": "tinker-sft", "args": {"steps": steps}},
+        checkpoint={"every_steps": 4, "keep_last": 2},
+        **sections,
+    )
+
+
+def printed(directory: Path, handle: WorkflowHandle[Any, Any]) -> list[dict[str, Any]]:
+    """What the program printed on stdout (its JSON lines), from its log directory."""
+    lines = (directory / handle.id / "program.log").read_text().splitlines()
+    out = []
+    for raw in lines:
+        entry = json.loads(raw)
+        if entry["stream"] == "stdout" and entry["line"].startswith("{"):
+            out.append(json.loads(entry["line"]))
+    return out
+
+
+async def program_starts(handle: WorkflowHandle[Any, Any]) -> int:
+    """How many times the program was started (its ``program_started`` signals)."""
+    count = 0
+    async for event in handle.fetch_history_events():
+        signaled = event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
+        name = event.workflow_execution_signaled_event_attributes.signal_name
+        count += signaled and name == "program_started"
+    return count
+
+
+async def test_a_plain_tinker_script_runs_unchanged_as_a_job(
+    stack: Stack, programs_env: Path
+) -> None:
+    handle = await stack.start(sft_spec(stack, "script"))
+    final: JobStatus = await handle.result()
+    assert final.phase is Phase.COMPLETED and final.step == 12 and final.total_steps == 12
+    # Shepherd's checkpoints every 4 optimizer steps (and the final one), the last promoted.
+    names = [c.name.rsplit("/", 1)[-1] for c in final.checkpoints]
+    assert names[-1] == "step-00000012" and final.model is not None
+    assert final.last_loss is not None and len(final.loss_curve) >= 2
+    out = printed(programs_env, handle)
+    steps = [line for line in out if "loss" in line]
+    assert [s["step"] for s in steps] == list(range(1, 13))
+    assert abs(steps[-1]["loss"] - final.last_loss) < 1e-6 * max(1.0, abs(final.last_loss))
+    assert await program_starts(handle) == 1
+    stats = await stack.admin.stats()
+    trainer = stats["jobs"][stack.job_name(final.trainer_job_id or "")]
+    assert trainer["creates"] == 1 and not trainer["liveTrainer"]
+    assert set(k.split(":")[0] for k in trainer["dataPlane"]) == {"json"}  # translated
+    # The program's output is in the job's story.
+    logs = await run_cli("logs", handle.id, stack=stack)
+    assert logs.returncode == 0, logs.stderr
+    assert '[program] {"step": 12' in logs.stdout
+
+
+async def until_printed(directory: Path, handle: WorkflowHandle[Any, Any], step: int) -> None:
+    """Wait until the program printed step ``step`` (a test-side wait)."""
+    async with asyncio.timeout(60):
+        while True:
+            with contextlib.suppress(OSError, ValueError):
+                if any(line.get("step", 0) >= step for line in printed(directory, handle)):
+                    return
+            await asyncio.sleep(0.1)
+
+
+async def optim_steps_served(stack: Stack) -> int:
+    """optim_step requests the account's trainers served, every job together."""
+    total = 0
+    for job in (await stack.account.client.list_jobs()).rlor_trainer_jobs:
+        served = await stack.admin.data_plane(stack.job_name(job.job_id))
+        total += sum(n for key, n in served.items() if key.endswith(":optim_step"))
+    return total
+
+
+def per_step(out: list[dict[str, Any]]) -> list[tuple[int, float, str]]:
+    return [(line["step"], line["loss"], line["digest"]) for line in out if "loss" in line]
+
+
+async def test_a_script_survives_two_preemptions_and_a_route_race_unaware(
+    stack: Stack, programs_env: Path, faults: PlaneAdmin
+) -> None:
+    clean = await stack.start(sft_spec(stack, "clean", steps=16))
+    await clean.result()
+    served_clean = await optim_steps_served(stack)
+    hurt = await stack.start(sft_spec(stack, "hurt", steps=16))
+    await until_printed(programs_env, hurt, 5)
+    trainer = (await stack.status(hurt)).trainer_job_id or ""
+    await faults.preempt(trainer)
+    await until_printed(programs_env, hurt, 10)
+    # The resumed trainer's route reaches the gateway's replicas late: the route race.
+    await faults.set_faults(routeLagSeconds={"min": 1.0, "max": 2.0})
+    await faults.preempt(trainer)
+    final: JobStatus = await hurt.result()
+
+    assert final.phase is Phase.COMPLETED and final.step == 16
+    assert [r.reason for r in final.recoveries] == ["preemption", "preemption"]
+    # After each recovery the restored model's weights are the lost trainer's at that step.
+    assert all(r.weights_verified for r in final.recoveries), final.recoveries
+    assert await program_starts(hurt) == 1  # never restarted
+    # The program saw every step once, with the losses and weights of the clean run.
+    assert per_step(printed(programs_env, hurt)) == per_step(printed(programs_env, clean))
+    redone = sum(r.steps_redone or 0 for r in final.recoveries)
+    assert await optim_steps_served(stack) - served_clean == 16 + redone
+    assert redone <= 2 * 4  # at most a checkpoint interval per preemption
+    stats = await stack.admin.job_stats(stack.job_name(trainer))
+    assert stats["creates"] == 1 and stats.get("route404s", 0) > 0
