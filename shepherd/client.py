@@ -340,11 +340,11 @@ class JobHandle:
         return outcome.reconcile(status, desc.status, failure)
 
     async def _live_step(self) -> int:
-        """The last step a running chunk reported in its heartbeat (0: none)."""
+        """The last step a running chunk (or program) reported in its heartbeat (0: none)."""
         try:
             desc = await self._handle.describe()
             for pending in desc.raw_description.pending_activities:
-                if pending.activity_type.name != "train_chunk":
+                if pending.activity_type.name not in ("train_chunk", "run_program"):
                     continue
                 payloads = pending.heartbeat_details.payloads
                 if payloads:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import tinker_cookbook
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHandle
 
@@ -157,3 +158,123 @@ async def test_a_script_survives_two_preemptions_and_a_route_race_unaware(
     assert redone <= 2 * 4  # at most a checkpoint interval per preemption
     stats = await stack.admin.job_stats(stack.job_name(trainer))
     assert stats["creates"] == 1 and stats.get("route404s", 0) > 0
+
+
+# ---------------------------------------------------------------- the cookbook, unmodified
+
+CONVERSATIONS = Path(tinker_cookbook.__file__).parent / "example_data" / "conversations.jsonl"
+#: chat_sl on the cookbook's own 128 conversations, in batches of 16: 8 optimizer steps.
+CHAT_SL: dict[str, Any] = {
+    "dataset": str(CONVERSATIONS),
+    "model_name": cb.MODEL,
+    "renderer_name": cb.RENDERER,
+    "lora_rank": 4,
+    "batch_size": 16,
+    "max_length": 256,
+    "learning_rate": 0.01,
+    "save_every": 3,
+    "eval_every": 0,
+    "infrequent_eval_every": 0,
+}
+#: math_rl's arithmetic environment (no data): 6 steps of 4 groups of 4 samples.
+MATH_RL: dict[str, Any] = {
+    "env": "arithmetic",
+    "model_name": cb.MODEL,
+    "renderer_name": cb.RENDERER,
+    "loss_fn": "importance_sampling",
+    "lora_rank": 4,
+    "group_size": 4,
+    "groups_per_batch": 4,
+    "max_tokens": 4,
+    "learning_rate": 0.01,
+    "max_steps": 6,
+    "save_every": 3,
+}
+
+
+def recipe_spec(stack: Stack, name: str, program: str, args: dict[str, Any]) -> Any:
+    return stack.spec(
+        name,
+        # Slow enough steps (emulated GPU time) that a test acts mid-run.
+        trainer={"base_model": BASE, "lora_rank": 4, "extra_args": ["--compute-delay-ms=250"]},
+        training={"total_steps": None, "program": program, "args": args},
+        checkpoint={"every_steps": 2, "keep_last": 2},
+    )
+
+
+async def until_step(log_dir: Path, step: int, timeout: float = 120) -> None:
+    """Wait until the recipe logged its step ``step`` (its metrics.jsonl counts from 0)."""
+    async with asyncio.timeout(timeout):
+        while True:
+            with contextlib.suppress(OSError, ValueError):
+                if any(m["step"] >= step - 1 for m in cb.metrics(log_dir)):
+                    return
+            await asyncio.sleep(0.05)
+
+
+async def promoted_digest(stack: Stack, name: str) -> str:
+    model = await stack.account.client.get_model(f"{name}-model")
+    return str((model.model_extra or {})["weightsDigest"])
+
+
+async def preempted_twice_with_a_route_race(
+    stack: Stack,
+    faults: PlaneAdmin,
+    handle: WorkflowHandle[Any, Any],
+    log_dir: Path,
+    first: int,
+    second: int,
+) -> JobStatus:
+    """Preempt the job's trainer at step ``first``, make the gateway's routes lag and preempt
+    it again at step ``second``; the job's final status."""
+    await until_step(log_dir, first)
+    trainer = (await stack.status(handle)).trainer_job_id or ""
+    await faults.preempt(trainer)
+    await until_step(log_dir, second)
+    await faults.set_faults(routeLagSeconds={"min": 1.0, "max": 2.0})
+    await faults.preempt(trainer)
+    final: JobStatus = await handle.result()
+    stats = await stack.admin.job_stats(stack.job_name(trainer))
+    assert stats["creates"] == 1 and stats.get("route404s", 0) > 0
+    return final
+
+
+@pytest.mark.slow
+async def test_cookbook_chat_sl_unmodified_survives_two_preemptions(
+    stack: Stack, programs_env: Path, faults: PlaneAdmin
+) -> None:
+    clean = await stack.start(recipe_spec(stack, "sl-clean", "cookbook-chat-sl", CHAT_SL))
+    await clean.result()
+    served_clean = await optim_steps_served(stack)
+    hurt = await stack.start(recipe_spec(stack, "sl-hurt", "cookbook-chat-sl", CHAT_SL))
+    final = await preempted_twice_with_a_route_race(
+        stack, faults, hurt, programs_env / hurt.id, 2, 5
+    )
+
+    assert final.phase is Phase.COMPLETED and final.step == 8
+    assert len(final.recoveries) == 2 and all(r.weights_verified for r in final.recoveries)
+    assert await program_starts(hurt) == 1
+    redone = sum(r.steps_redone or 0 for r in final.recoveries)
+    assert await optim_steps_served(stack) - served_clean == 8 + redone
+    # The recipe ran to its end, as it does without Shepherd, and ended with the weights
+    # of the run without faults.
+    metrics = cb.metrics(programs_env / hurt.id)
+    assert [m["step"] for m in metrics] == list(range(8))
+    assert await promoted_digest(stack, "sl-hurt") == await promoted_digest(stack, "sl-clean")
+
+
+@pytest.mark.slow
+async def test_cookbook_math_rl_unmodified_survives_two_preemptions(
+    stack: Stack, programs_env: Path, faults: PlaneAdmin
+) -> None:
+    handle = await stack.start(recipe_spec(stack, "rl", "cookbook-math-rl", MATH_RL))
+    final = await preempted_twice_with_a_route_race(
+        stack, faults, handle, programs_env / handle.id, 2, 4
+    )
+    assert final.phase is Phase.COMPLETED and final.step == 6 and final.total_steps == 6
+    assert len(final.recoveries) == 2 and all(r.weights_verified for r in final.recoveries)
+    assert await program_starts(handle) == 1
+    redone = sum(r.steps_redone or 0 for r in final.recoveries)
+    assert await optim_steps_served(stack) == 6 + redone
+    metrics = cb.metrics(programs_env / handle.id)
+    assert [m["step"] for m in metrics] == list(range(6))
