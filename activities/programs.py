@@ -133,7 +133,9 @@ class ProgramActivities:
         directory.mkdir(parents=True, exist_ok=True)
         events: asyncio.Queue[ProxyEvent] = asyncio.Queue()
         proxy = ProgramProxy(
-            self.clients.client(inp.backend), _proxy_settings(inp, program), on_event=events.put
+            self.clients.client(inp.backend),
+            _proxy_settings(inp, program, directory),
+            on_event=events.put,
         )
         run = _Run(proxy=proxy, events=events)
         await run.proxy.start()
@@ -309,7 +311,9 @@ class ProgramActivities:
         return await self._run().proxy.checkpoint_now()
 
 
-def _proxy_settings(inp: RunProgramInput, program: programs.Program) -> ProxySettings:
+def _proxy_settings(
+    inp: RunProgramInput, program: programs.Program, directory: Path
+) -> ProxySettings:
     from shepherd.proxy import ProxySettings
 
     s = inp.settings
@@ -321,6 +325,7 @@ def _proxy_settings(inp: RunProgramInput, program: programs.Program) -> ProxySet
         call_timeout_s=s.call_timeout_s,
         route_race_retries=s.route_race_retries,
         route_race_window_s=s.route_race_window_s,
+        state_dir=str(directory),
     )
 
 

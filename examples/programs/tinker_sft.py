@@ -14,7 +14,14 @@ proxy, which keeps the run going through preemptions (shepherd/proxy).
 Knobs, as ``key=value`` arguments (a Shepherd job's ``training.args``) or in the environment:
 ``steps`` / ``SFT_STEPS`` (12), ``lr`` / ``SFT_LR`` (0.01), ``rank`` / ``SFT_RANK`` (4),
 ``sample_every`` / ``SFT_SAMPLE_EVERY`` (4), ``base_model`` / ``SFT_BASE_MODEL``
-(``accounts/fireworks/models/qwen3-8b``).
+(``accounts/fireworks/models/qwen3-8b``), ``save_every`` / ``SFT_SAVE_EVERY`` (4) and
+``log_dir`` / ``SFT_LOG_DIR`` (none).
+
+With a ``log_dir`` it is *resumable*: every ``save_every`` steps, once the step's optimizer
+step has been applied, it saves its state (weights and optimizer) and appends
+``{"step", "state_path"}`` to ``<log_dir>/checkpoints.jsonl``; started again with the same
+directory it loads the last one and goes on from the step after it. A checkpoint records
+exactly the steps its weights hold: that is what makes a resume exactly-once.
 """
 
 from __future__ import annotations
@@ -39,6 +46,8 @@ LEARNING_RATE = float(knob("lr", "0.01"))
 RANK = int(knob("rank", "4"))
 SAMPLE_EVERY = int(knob("sample_every", "4"))
 BASE_MODEL = knob("base_model", "accounts/fireworks/models/qwen3-8b")
+SAVE_EVERY = int(knob("save_every", "4"))
+LOG_DIR = knob("log_dir", "")
 CORPUS = ["hello world\n", "hello there\n", "hello hello\n", "world hello\n"]
 PROMPT = "hello"
 
@@ -80,15 +89,33 @@ def main() -> None:
         train(service)
 
 
+def last_checkpoint() -> dict[str, object] | None:
+    """The last entry of ``<log_dir>/checkpoints.jsonl``, if any."""
+    if not LOG_DIR or not os.path.exists(os.path.join(LOG_DIR, "checkpoints.jsonl")):
+        return None
+    with open(os.path.join(LOG_DIR, "checkpoints.jsonl")) as saved:
+        lines = [line for line in saved if line.strip()]
+    return json.loads(lines[-1]) if lines else None
+
+
 def train(service: tinker.ServiceClient) -> None:
-    training = service.create_lora_training_client(
-        base_model=BASE_MODEL, rank=RANK, seed=0
-    ).result()
+    resume = last_checkpoint()
+    if resume is not None:
+        training = service.create_training_client_from_state_with_optimizer(
+            str(resume["state_path"])
+        ).result()
+        first = int(str(resume["step"])) + 1
+        say(resumed=resume["state_path"], step=first - 1)
+    else:
+        training = service.create_lora_training_client(
+            base_model=BASE_MODEL, rank=RANK, seed=0
+        ).result()
+        first = 1
     # This base model's tokenizer is byte-level on localplane; a script for a real model
     # would use training.get_tokenizer().encode(...).
     data = [datum(list(line.encode())) for line in CORPUS]
     adam = types.AdamParams(learning_rate=LEARNING_RATE)
-    for step in range(1, STEPS + 1):
+    for step in range(first, STEPS + 1):
         # Submit both, then wait: the trainer runs them back to back.
         forward_backward = training.forward_backward(data, "cross_entropy")
         optim = training.optim_step(adam)
@@ -103,6 +130,11 @@ def train(service: tinker.ServiceClient) -> None:
                 sampling_params=types.SamplingParams(max_tokens=8, temperature=1.0),
             ).result()
             say(step=step, samples=[list(s.tokens) for s in sample.sequences])
+        if LOG_DIR and step % SAVE_EVERY == 0:
+            # After the step's optimizer step: the state holds exactly steps 1..step.
+            saved = training.save_state(f"step{step}").result()
+            with open(os.path.join(LOG_DIR, "checkpoints.jsonl"), "a") as record:
+                record.write(json.dumps({"step": step, "state_path": saved.path}) + "\n")
     final = training.save_weights_for_sampler("final").result()
     say(final=final.path, digest=weights_digest(training.model_id))
 

@@ -18,6 +18,7 @@ import contextlib
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -34,7 +35,13 @@ from shepherd.proxy.events import (
     TrainerLostEvent,
 )
 from shepherd.proxy.ids import IdMap
-from shepherd.proxy.settings import MAX_REDO_OPS, MAX_SAMPLERS, PROGRESS_HISTORY, ProxySettings
+from shepherd.proxy.settings import (
+    IDS_FILE,
+    MAX_REDO_OPS,
+    MAX_SAMPLERS,
+    PROGRESS_HISTORY,
+    ProxySettings,
+)
 from shepherd.proxy.state import Checkpoint, FutureTable, Model, Op, Sampler, Session
 from shepherd.proxy.upstream import Detached, TrainerGone, Upstream
 
@@ -102,7 +109,7 @@ class Core:
         self.settings = settings
         self._emit = emit
         self.progress = ProxyProgress()
-        self.ids = IdMap()
+        self.ids = IdMap(store=Path(settings.state_dir) / IDS_FILE if settings.state_dir else None)
         self.futures = FutureTable()
         self.sessions: dict[str, Session] = {}
         self.models: dict[str, Model] = {}

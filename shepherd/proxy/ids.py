@@ -11,8 +11,10 @@ saw it) and the program's checkpoint paths back into the trainer path that names
 
 from __future__ import annotations
 
+import json
 import re
 from collections import OrderedDict
+from pathlib import Path
 from typing import Any
 
 TINKER = "tinker://"
@@ -50,14 +52,50 @@ def shepherd_checkpoint(prefix: str) -> re.Pattern[str]:
 
 
 class IdMap:
-    """Trainer ids (of every generation) to program ids, and program paths to trainer paths."""
+    """Trainer ids (of every generation) to program ids, and program paths to trainer paths.
 
-    def __init__(self, limit: int = MAX_MAPPED) -> None:
+    With a ``store`` (a file in the job's durable log directory), what a program may still
+    hold after its proxy is gone — its checkpoint paths and the training runs behind them —
+    is kept there too, and read back by the next proxy: a program started again after its
+    worker died resumes from the paths it wrote down (the cookbook's checkpoints.jsonl)."""
+
+    def __init__(self, limit: int = MAX_MAPPED, store: Path | None = None) -> None:
         self._limit = limit
         self._program: OrderedDict[str, str] = OrderedDict()
         self._paths: OrderedDict[str, str] = OrderedDict()
         #: Program run (model) id -> its trainer runs, oldest first.
         self._runs: dict[str, list[str]] = {}
+        self._store = store
+        if store is not None:
+            self._load(store)
+
+    def _load(self, store: Path) -> None:
+        try:
+            lines = store.read_text().splitlines()
+        except OSError:
+            return
+        for line in lines[-self._limit :]:
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue  # a line cut short by a crash
+            if "p" in entry and "t" in entry:
+                self._paths[str(entry["p"])] = str(entry["t"])
+            elif "m" in entry and "r" in entry:
+                self._program[str(entry["r"])] = str(entry["m"])
+                runs = self._runs.setdefault(str(entry["m"]), [])
+                if entry["r"] not in runs:
+                    runs.append(str(entry["r"]))
+        self._trim(self._paths)
+
+    def _keep(self, entry: dict[str, str]) -> None:
+        if self._store is None:
+            return
+        try:
+            with self._store.open("a", encoding="utf-8") as sink:
+                sink.write(json.dumps(entry) + "\n")
+        except OSError:
+            pass  # the map in memory still serves this proxy
 
     def learn(self, trainer_id: str, program_id: str) -> None:
         self._program[trainer_id] = program_id
@@ -70,6 +108,7 @@ class IdMap:
         runs = self._runs.setdefault(program_model, [])
         if trainer_model not in runs:
             runs.append(trainer_model)
+            self._keep({"m": program_model, "r": trainer_model})
 
     def runs(self, program_model: str) -> list[str]:
         """Every trainer run of a program model, oldest first."""
@@ -79,6 +118,8 @@ class IdMap:
         self._runs.pop(program_model, None)
 
     def learn_path(self, program_path: str, trainer_path: str) -> None:
+        if self._paths.get(program_path) != trainer_path:
+            self._keep({"p": program_path, "t": trainer_path})
         self._paths[program_path] = trainer_path
         self._paths.move_to_end(program_path)
         self._trim(self._paths)

@@ -73,6 +73,10 @@ MIN_ROUTE_RACE_DELAY_S: Final = 0.02
 TRAINER_POLL_TIMEOUT_S: Final = 45.0
 
 
+#: The file in ``state_dir`` that keeps the program's checkpoint paths (one JSON line each).
+IDS_FILE: Final = "proxy-ids.jsonl"
+
+
 class ProxySettings(BaseModel):
     """How one job's proxy runs. Built by the worker from the job's spec and policies;
     nothing here is a secret."""
@@ -110,6 +114,10 @@ class ProxySettings(BaseModel):
     #: See :data:`RETRIEVE_HOLD_S` and :data:`DIRECT_HOLD_S` (tests shorten them).
     retrieve_hold_s: float = Field(default=RETRIEVE_HOLD_S, gt=0, le=40.0)
     direct_hold_s: float = Field(default=DIRECT_HOLD_S, gt=0, le=55.0)
+    #: The job's durable log directory: the proxy keeps the program's checkpoint paths there
+    #: (:data:`IDS_FILE`), so the proxy of a program started again (its worker died) reads
+    #: the paths the program wrote down as the first proxy gave them. None: kept in memory.
+    state_dir: str | None = None
 
     def checkpoint_name(self, step: int, model_index: int = 0) -> str:
         """Shepherd's name of the checkpoint of the job's model (``model_index`` 0) at

@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -18,14 +20,18 @@ from typing import Any
 import pytest
 import tinker_cookbook
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import WorkflowHandle
+from temporalio.client import WorkflowFailureError, WorkflowHandle
+from temporalio.exceptions import CancelledError
 
 from localplane.admin import PlaneAdmin
-from shepherd.models import JobStatus
+from shepherd.models import JobInput, JobStatus, PauseRequest, PauseResult, ResumeRequest
 from shepherd.phases import Phase
-from tests.helpers import run_cli
+from shepherd.platform import NotFound
+from shepherd.states import JobState
+from tests.helpers import run_cli, wait_state
 from tests.plane import cookbook_support as cb
 from tests.workflows.conftest import Stack
+from workflows.job import TrainingJobWorkflow
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "programs" / "tinker_sft.py"
@@ -41,7 +47,15 @@ async def programs_env(
     JSON only."""
     monkeypatch.setenv(
         "SHEPHERD_PROGRAMS",
-        json.dumps({"tinker-sft": {"script": str(SCRIPT), "total_steps_arg": "steps"}}),
+        json.dumps(
+            {
+                "tinker-sft": {
+                    "script": str(SCRIPT),
+                    "total_steps_arg": "steps",
+                    "log_dir_arg": "log_dir",
+                }
+            }
+        ),
     )
     directory = tmp_path / "programs"
     monkeypatch.setenv("SHEPHERD_PROGRAM_DIR", str(directory))
@@ -278,3 +292,124 @@ async def test_cookbook_math_rl_unmodified_survives_two_preemptions(
     assert await optim_steps_served(stack) == 6 + redone
     metrics = cb.metrics(programs_env / handle.id)
     assert [m["step"] for m in metrics] == list(range(6))
+
+
+# ------------------------------------------------------------- pause, cancel, a dead worker
+
+
+def alive(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "State:\tZ" not in status
+
+
+async def program_pid(handle: WorkflowHandle[Any, Any]) -> int:
+    """The running program's pid, from its activity's heartbeat."""
+    async with asyncio.timeout(30):
+        while True:
+            desc = await handle.describe()
+            for pending in desc.raw_description.pending_activities:
+                payloads = pending.heartbeat_details.payloads
+                if pending.activity_type.name == "run_program" and payloads:
+                    beat = json.loads(payloads[0].data)
+                    if isinstance(beat.get("program_pid"), int):
+                        return int(beat["program_pid"])
+            await asyncio.sleep(0.2)
+
+
+async def test_a_paused_program_waits_holding_no_trainer_and_goes_on(
+    stack: Stack, programs_env: Path
+) -> None:
+    clean = await stack.start(sft_spec(stack, "calm", steps=16))
+    await clean.result()
+    handle = await stack.start(sft_spec(stack, "napping", steps=16))
+    await until_printed(programs_env, handle, 5)
+    paused = await handle.execute_update(
+        "request_pause", PauseRequest(reason="test"), result_type=PauseResult
+    )
+    status = await stack.status(handle)
+    assert status.phase is Phase.PAUSED and paused.checkpoint is not None
+    first = status.trainer_job_id or ""
+    await wait_state(stack.account.client, first, JobState.DELETED)  # no GPU held
+    # The program itself was not stopped: its requests wait for a trainer.
+    assert alive(await program_pid(handle))
+    await handle.execute_update("request_resume", ResumeRequest(), result_type=JobStatus)
+    final: JobStatus = await handle.result()
+    assert final.phase is Phase.COMPLETED and final.generation == 1
+    assert per_step(printed(programs_env, handle)) == per_step(printed(programs_env, clean))
+    assert await program_starts(handle) == 1
+
+
+async def test_a_cancelled_program_is_stopped_and_its_trainer_deleted(
+    stack: Stack, programs_env: Path
+) -> None:
+    handle = await stack.start(sft_spec(stack, "quitter", steps=200))
+    await until_printed(programs_env, handle, 3)
+    pid = await program_pid(handle)
+    await handle.cancel()
+    with pytest.raises(WorkflowFailureError) as failed:
+        await handle.result()
+    assert isinstance(failed.value.cause, CancelledError)
+    status = await stack.status(handle)
+    assert status.phase is Phase.CANCELLED and status.cleanup == "done"
+    assert not alive(pid)  # stopped (SIGTERM, then SIGKILL) before the job ended
+    await wait_state(stack.account.client, status.trainer_job_id or "", JobState.DELETED)
+    with pytest.raises(NotFound):
+        await stack.account.client.get_model("quitter-model")
+
+
+@pytest.mark.slow
+async def test_a_program_on_a_dead_worker_starts_again_and_resumes(
+    stack: Stack, programs_env: Path, tmp_path: Path
+) -> None:
+    """The program dies with its worker; another worker starts it again in the same log
+    directory and it resumes from its own checkpoint (the example script records the step
+    its checkpoint holds, so its resume is exactly-once): the weights of a run without the
+    crash, on the one trainer the job ever had."""
+    from tests.workflows.test_worker_crash import worker_process
+
+    clean = await stack.start(sft_spec(stack, "steady", steps=16))
+    await clean.result()
+    queue = f"crash-{uuid.uuid4().hex[:8]}"
+    spec = sft_spec(stack, "phoenix", steps=16, policies={"heartbeat_timeout": "3s"})
+    with (
+        worker_process(stack, queue, tmp_path, "w1") as w1,
+        worker_process(stack, queue, tmp_path, "w2") as w2,
+    ):
+        handle = await stack.client.start_workflow(
+            TrainingJobWorkflow.run,
+            JobInput(spec=spec),
+            id=f"job-phoenix-{uuid.uuid4().hex[:8]}",
+            task_queue=queue,
+        )
+        stack.handles.append(handle)
+        await until_printed(programs_env, handle, 6)  # its own checkpoint holds step 4
+        first_program = await program_pid(handle)
+        running = await running_program_worker(handle)
+        assert running in (w1.pid, w2.pid)
+        victim = w1 if running == w1.pid else w2
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(10)
+        final: JobStatus = await handle.result()
+    assert final.phase is Phase.COMPLETED and final.step == 16
+    assert await program_starts(handle) == 2  # started again once, on the other worker
+    assert not alive(first_program)  # it died with its worker
+    stats = await stack.admin.job_stats(stack.job_name(final.trainer_job_id or ""))
+    assert stats["creates"] == 1 and final.generation == 0  # the trainer was kept
+    out = printed(programs_env, handle)
+    resumed = [line for line in out if "resumed" in line]
+    assert len(resumed) == 1 and resumed[0]["step"] in (4, 8), resumed
+    assert out[-1]["digest"] == printed(programs_env, clean)[-1]["digest"]
+
+
+async def running_program_worker(handle: WorkflowHandle[Any, Any]) -> int:
+    """The pid of the worker running the job's program (its identity is pid@host ...)."""
+    async with asyncio.timeout(30):
+        while True:
+            desc = await handle.describe()
+            for pending in desc.raw_description.pending_activities:
+                if pending.activity_type.name == "run_program" and pending.last_worker_identity:
+                    return int(pending.last_worker_identity.split("@", 1)[0])
+            await asyncio.sleep(0.2)
