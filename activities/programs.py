@@ -130,6 +130,8 @@ class ProgramActivities:
         from shepherd.proxy import ProgramProxy
 
         directory = programs.log_dir(workflow_id)
+        if inp.seed_from and programs.seed_log_dir(directory, programs.log_dir(inp.seed_from)):
+            log(program=inp.program).info("program.seeded", from_job=inp.seed_from)
         directory.mkdir(parents=True, exist_ok=True)
         events: asyncio.Queue[ProxyEvent] = asyncio.Queue()
         proxy = ProgramProxy(
@@ -189,6 +191,8 @@ class ProgramActivities:
             code = proc.returncode
             logger.info("program.exited", code=code)
             if code != 0:
+                # The job's status shows what the program got done before it failed.
+                await self._last_report(handle, run, reporter)
                 said = "\n".join(tail) or "(nothing on stderr)"
                 raise ApplicationError(
                     f"program {inp.program!r} exited with status {code}; its stderr ends:\n{said}"[
@@ -202,10 +206,7 @@ class ProgramActivities:
             if final is not None:
                 run.checkpoints.append(final)
                 run.dirty = True
-            reporter.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reporter
-            await self._flush(handle, run)
+            await self._last_report(handle, run, reporter)
             return ProgramResult(exit_code=code, step=run.step)
         finally:
             self._runs.pop(workflow_id, None)
@@ -232,6 +233,16 @@ class ProgramActivities:
             ):
                 await self._flush(handle, run)
                 last = time.monotonic()
+
+    async def _last_report(self, handle: Any, run: _Run, reporter: asyncio.Future[None]) -> None:
+        """The program ended: what the proxy reported since the last signal (the events
+        the reporter had not taken yet too) reaches the workflow."""
+        reporter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reporter
+        while not run.events.empty():
+            self._absorb(run, run.events.get_nowait())
+        await self._flush(handle, run)
 
     @staticmethod
     def _absorb(run: _Run, event: ProxyEvent) -> bool:

@@ -457,8 +457,24 @@ class JobHandle:
         workflow_id: str | None = None,
     ) -> JobHandle:
         """A new job from a checkpoint of this one (default: its best, else its last), with
-        changed resources (``overrides``), linked to this job as its parent."""
+        changed resources (``overrides``), linked to this job as its parent.
+
+        A program's job is retried from the program's own checkpoints instead: the new job
+        starts the program in a copy of this job's log directory (a program that resumes
+        from there goes on from its last checkpoint; one that does not starts over)."""
         status, spec = await self.status(), await self.spec()
+        if spec.training.program is not None:
+            if from_checkpoint is not None:
+                raise input_error(
+                    "from_checkpoint",
+                    "is for a loop's job; a program resumes from its own checkpoints (the "
+                    "retry starts it in a copy of this job's log directory)",
+                    "argument",
+                )
+            new_spec = load_job_spec(spec.model_dump(mode="json"), overrides)
+            return await self._sh.submit(
+                new_spec, workflow_id=workflow_id, parent_workflow_id=self.id
+            )
         checkpoint = from_checkpoint
         if checkpoint is None:
             chosen = status.best or status.last_checkpoint

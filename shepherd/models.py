@@ -254,6 +254,9 @@ class RunProgramInput(Model):
     program: str
     args: dict[str, Any] = Field(default_factory=dict)
     settings: ProgramSettings
+    #: The job this one retries (its parent): the program's first start copies that job's
+    #: log directory (shepherd/programs.py ``seed_log_dir``).
+    seed_from: str | None = None
 
 
 class ProgramStarted(Model):

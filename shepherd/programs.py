@@ -23,7 +23,9 @@ Where programs come from:
 
 Where a job's log directory lives: ``<SHEPHERD_PROGRAM_DIR>/<workflow id>`` (a shared volume
 in production, so the program restarted on another worker finds its own checkpoints there),
-else ``<state dir>/programs/<workflow id>`` of the worker.
+else ``<state dir>/programs/<workflow id>`` of the worker. A retried job (``shepherd retry``)
+starts its program in a copy of the failed job's directory (:func:`seed_log_dir`): a program
+that resumes from its own checkpoints goes on from the failed job's last one.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -242,3 +245,19 @@ def log_dir(workflow_id: str, env: Mapping[str, str] | None = None) -> Path:
         return Path(root) / workflow_id
     state = Path(env.get("SHEPHERD_STATE_DIR", ".shepherd"))
     return (state / "programs" / workflow_id).resolve()
+
+
+def seed_log_dir(directory: Path, source: Path) -> bool:
+    """Start ``directory`` (a retried job's, not made yet) as a copy of ``source`` (the job it
+    retries): the program's own checkpoints and the proxy's id map (:data:`~shepherd.proxy.
+    settings.IDS_FILE`, so the ``tinker://`` paths the program wrote down still resolve; a
+    checkpoint outlives its trainer), not the old program's output. Copied aside and renamed
+    into place, so a worker that dies mid-copy leaves no half directory behind. False: there
+    was nothing to copy, or the directory exists (a later attempt of the same job)."""
+    if directory.exists() or not source.is_dir():
+        return False
+    staging = directory.with_name(f"{directory.name}.seeding")
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(source, staging, ignore=shutil.ignore_patterns(OUTPUT_FILE))
+    staging.rename(directory)
+    return True

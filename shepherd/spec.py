@@ -380,6 +380,14 @@ class TrainingSpec(SpecModel):
                 )
         if "steps_per_chunk" in given:
             raise _located("training.steps_per_chunk", "is a loop's setting; a program has none")
+        if self.resume_from is not None:
+            # The proxy cannot make a program start at a step: the program decides where
+            # it starts, from its own log directory (which a retry copies).
+            raise _located(
+                "training.resume_from",
+                "is a loop's setting; a program resumes from its own checkpoints (shepherd "
+                "retry starts the new job in a copy of the old job's log directory)",
+            )
         return self
 
     @field_validator("resume_from")

@@ -133,6 +133,7 @@ class ProgramSeam:
                 route_race_retries=job.pol.route_race_retries,
                 route_race_window_s=job.pol.route_race_window.total_seconds(),
             ),
+            seed_from=job.s.parent_workflow_id,
         )
 
     def _program_wants_trainer(self) -> bool:

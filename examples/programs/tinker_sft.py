@@ -15,7 +15,9 @@ Knobs, as ``key=value`` arguments (a Shepherd job's ``training.args``) or in the
 ``steps`` / ``SFT_STEPS`` (12), ``lr`` / ``SFT_LR`` (0.01), ``rank`` / ``SFT_RANK`` (4),
 ``sample_every`` / ``SFT_SAMPLE_EVERY`` (4), ``base_model`` / ``SFT_BASE_MODEL``
 (``accounts/fireworks/models/qwen3-8b``), ``save_every`` / ``SFT_SAVE_EVERY`` (4) and
-``log_dir`` / ``SFT_LOG_DIR`` (none).
+``log_dir`` / ``SFT_LOG_DIR`` (none), and ``fail_after`` / ``SFT_FAIL_AFTER`` (0: never) to
+try what a failure looks like: the script exits with an error once that step is done (and
+saved, when due) — then ``shepherd retry`` the job with ``--set training.args.fail_after=0``.
 
 With a ``log_dir`` it is *resumable*: every ``save_every`` steps, once the step's optimizer
 step has been applied, it saves its state (weights and optimizer) and appends
@@ -48,6 +50,7 @@ SAMPLE_EVERY = int(knob("sample_every", "4"))
 BASE_MODEL = knob("base_model", "accounts/fireworks/models/qwen3-8b")
 SAVE_EVERY = int(knob("save_every", "4"))
 LOG_DIR = knob("log_dir", "")
+FAIL_AFTER = int(knob("fail_after", "0"))
 CORPUS = ["hello world\n", "hello there\n", "hello hello\n", "world hello\n"]
 PROMPT = "hello"
 
@@ -135,6 +138,8 @@ def train(service: tinker.ServiceClient) -> None:
             saved = training.save_state(f"step{step}").result()
             with open(os.path.join(LOG_DIR, "checkpoints.jsonl"), "a") as record:
                 record.write(json.dumps({"step": step, "state_path": saved.path}) + "\n")
+        if step == FAIL_AFTER:
+            sys.exit(f"fail_after={step}: stopping after step {step}, as asked")
     final = training.save_weights_for_sampler("final").result()
     say(final=final.path, digest=weights_digest(training.model_id))
 

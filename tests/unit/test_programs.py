@@ -49,6 +49,14 @@ def test_a_program_job_needs_no_total_and_measures_train_loss() -> None:
         ({"program": "p", "args": {"x": "a\nb"}}, "training.args", "control"),
         ({"args": {"x": 1}, "total_steps": 5}, "training.args", "set training.program"),
         ({"dataset": "synthetic:text"}, "training.total_steps", "required for a loop"),
+        (
+            {
+                "program": "p",
+                "resume_from": "accounts/a/rlorTrainerJobs/j/checkpoints/step-00000004",
+            },
+            "training.resume_from",
+            "resumes from its own checkpoints",
+        ),
     ],
 )
 def test_bad_program_settings_name_the_field(
@@ -134,3 +142,63 @@ def test_bad_registrations_say_what_is_wrong(registration: str, rule: str) -> No
 def test_the_log_dir_is_the_jobs_own_under_the_program_dir(tmp_path: Path) -> None:
     env = {programs.DIR_ENV_VAR: str(tmp_path)}
     assert programs.log_dir("job-1", env) == tmp_path / "job-1"
+
+
+def test_a_retry_starts_in_a_copy_of_the_failed_jobs_log_directory(tmp_path: Path) -> None:
+    """The program's own checkpoints and the proxy's id map come along; the old program's
+    output does not; a directory that exists (a later attempt) is left alone."""
+    old, new = tmp_path / "job-a", tmp_path / "job-b"
+    (old / "sub").mkdir(parents=True)
+    (old / "checkpoints.jsonl").write_text('{"step": 4}\n')
+    (old / "sub" / "x").write_text("x")
+    (old / programs.OUTPUT_FILE).write_text("old output\n")
+    assert programs.seed_log_dir(new, old)
+    assert (new / "checkpoints.jsonl").read_text() == '{"step": 4}\n'
+    assert (new / "sub" / "x").exists() and not (new / programs.OUTPUT_FILE).exists()
+    assert not (tmp_path / "job-b.seeding").exists()
+    (new / "checkpoints.jsonl").write_text("mine\n")
+    assert not programs.seed_log_dir(new, old)  # already there: kept as it is
+    assert (new / "checkpoints.jsonl").read_text() == "mine\n"
+    assert not programs.seed_log_dir(tmp_path / "job-c", tmp_path / "nothing")
+    assert not (tmp_path / "job-c").exists()
+
+
+def test_a_sweep_varies_a_programs_arguments() -> None:
+    """A sweep's axes may be ``training.args.*``: each trial passes its own value to the
+    program (as one more ``key=value``); a value the rules refuse names its axis."""
+    from shepherd.sweep import grid_points, trial_spec, validate_sweep
+
+    base = _spec(program="cookbook-chat-sl", args={"max_steps": 10}).model_dump(mode="json")
+    sweep = validate_sweep(
+        {
+            "name": "prog-sweep",
+            "spec": base,
+            "method": "grid",
+            "parameters": {
+                "training.args.learning_rate": {
+                    "type": "double",
+                    "min": 1e-5,
+                    "max": 1e-3,
+                    "scale": "log",
+                    "grid_points": 3,
+                },
+                "training.args.batch_size": {"type": "categorical", "values": [4, 8]},
+            },
+        }
+    )
+    trials = [trial_spec(sweep, i, p) for i, p in enumerate(grid_points(sweep))]
+    assert len(trials) == 6
+    assert {(t.training.args["batch_size"], t.training.args["max_steps"]) for t in trials} == {
+        (4, 10),
+        (8, 10),
+    }
+    assert len({t.training.args["learning_rate"] for t in trials}) == 3
+    with pytest.raises(SpecError) as refused:
+        validate_sweep(
+            {
+                "name": "prog-sweep",
+                "spec": base,
+                "parameters": {"training.args.x": {"type": "categorical", "values": ["a\nb"]}},
+            }
+        )
+    assert "training.args" in str(refused.value)

@@ -28,8 +28,9 @@ from shepherd.models import JobInput, JobStatus, PauseRequest, PauseResult, Resu
 from shepherd.phases import Phase
 from shepherd.platform import NotFound
 from shepherd.states import JobState
-from tests.helpers import run_cli, wait_state
+from tests.helpers import gateway_api, job_request, run_cli, wait_state, warm
 from tests.plane import cookbook_support as cb
+from tests.proxy.rig import finish, program_env, start_program, stop
 from tests.workflows.conftest import Stack
 from workflows.job import TrainingJobWorkflow
 
@@ -65,11 +66,17 @@ async def programs_env(
     yield directory
 
 
-def sft_spec(stack: Stack, name: str, steps: int = 12, **sections: Any) -> Any:
+def sft_spec(
+    stack: Stack, name: str, steps: int = 12, args: dict[str, Any] | None = None, **sections: Any
+) -> Any:
     return stack.spec(
         name,
         trainer={"base_model": BASE, "lora_rank": 4, "extra_args": ["--compute-delay-ms=40"]},
-        training={"total_steps": None, "program": "tinker-sft", "args": {"steps": steps}},
+        training={
+            "total_steps": None,
+            "program": "tinker-sft",
+            "args": {"steps": steps, **(args or {})},
+        },
         checkpoint={"every_steps": 4, "keep_last": 2},
         **sections,
     )
@@ -97,7 +104,7 @@ async def program_starts(handle: WorkflowHandle[Any, Any]) -> int:
 
 
 async def test_a_plain_tinker_script_runs_unchanged_as_a_job(
-    stack: Stack, programs_env: Path
+    stack: Stack, programs_env: Path, faults: PlaneAdmin
 ) -> None:
     handle = await stack.start(sft_spec(stack, "script"))
     final: JobStatus = await handle.result()
@@ -119,6 +126,29 @@ async def test_a_plain_tinker_script_runs_unchanged_as_a_job(
     logs = await run_cli("logs", handle.id, stack=stack)
     assert logs.returncode == 0, logs.stderr
     assert '[program] {"step": 12' in logs.stdout
+
+    # The same script straight against a trainer (speaking both dialects), as it runs
+    # without Shepherd: the same per-step losses and weights.
+    await faults.set_faults(trainerProtobuf=True)
+    client, job_id = stack.account.client, f"direct-{uuid.uuid4().hex[:8]}"
+    config = {"lora_rank": 4, "extra_args": ["--compute-delay-ms=40"]}
+    await client.create_job(job_id, job_request(training_config=config))
+    proc = None
+    try:
+        await wait_state(client, job_id, JobState.RUNNING)
+        api = gateway_api(stack.account, job_id)
+        try:
+            await warm(api, probes=6)
+        finally:
+            await api.http.aclose()
+        env = program_env(api.base_url, stack.account.api_key)
+        proc = await start_program([str(SCRIPT), "steps=12"], env)
+        direct = await finish(proc)
+    finally:
+        if proc is not None:
+            await stop(proc)
+        await client.delete_job(job_id)
+    assert per_step(direct.lines) == per_step(out)
 
 
 async def until_printed(directory: Path, handle: WorkflowHandle[Any, Any], step: int) -> None:
@@ -402,6 +432,50 @@ async def test_a_program_on_a_dead_worker_starts_again_and_resumes(
     resumed = [line for line in out if "resumed" in line]
     assert len(resumed) == 1 and resumed[0]["step"] in (4, 8), resumed
     assert out[-1]["digest"] == printed(programs_env, clean)[-1]["digest"]
+
+
+async def test_a_failed_program_fails_the_job_and_its_retry_resumes_from_its_checkpoints(
+    programs_env: Path, stack: Stack
+) -> None:
+    # programs_env first: the stack's worker advertises the program a submission checks.
+    """A program that exits non-zero fails the job with its stderr's tail (after its trainer
+    is deleted). ``shepherd retry`` starts the program in a copy of the failed job's log
+    directory: it resumes from its own last checkpoint, whose ``tinker://`` path (the failed
+    job's proxy gave it) resolves on the new trainer, and ends with the weights of a run that
+    never failed."""
+    clean = await stack.start(sft_spec(stack, "straight"))
+    await clean.result()
+    failing = await stack.start(sft_spec(stack, "stumbles", args={"fail_after": 6}))
+    with pytest.raises(WorkflowFailureError):
+        await failing.result()
+    failed = await stack.status(failing)
+    assert failed.phase is Phase.FAILED and failed.error is not None
+    assert "exited with status 1" in failed.error.message
+    assert "fail_after=6: stopping after step 6" in failed.error.message  # its stderr
+    assert failed.step == 6 and failed.cleanup == "done"
+
+    wrong = await run_cli("retry", failing.id, "--from-checkpoint", "step-00000004", stack=stack)
+    assert wrong.returncode == 2 and "from_checkpoint" in wrong.stderr, wrong.stderr
+    retried = await run_cli(
+        "retry", failing.id, "--set", "training.args.fail_after=0", "--json", stack=stack
+    )
+    assert retried.returncode == 0, retried.stderr
+    child = stack.client.get_workflow_handle(
+        json.loads(retried.stdout)["workflow_id"], result_type=JobStatus
+    )
+    stack.handles.append(child)
+    final: JobStatus = await child.result()
+    assert final.phase is Phase.COMPLETED and final.parent_workflow_id == failing.id
+    out = printed(programs_env, child)
+    resumed = [line for line in out if "resumed" in line]
+    assert len(resumed) == 1 and resumed[0]["step"] == 4, resumed  # its own last save
+    assert [line["step"] for line in out if "loss" in line] == list(range(5, 13))
+    # The proxy counts on from the loaded state's step: the job's steps are the program's.
+    assert final.step == 12 and final.checkpoints[-1].name.endswith("step-00000012")
+    assert out[-1]["digest"] == printed(programs_env, clean)[-1]["digest"]
+    for status in (failed, final):
+        stats = await stack.admin.job_stats(stack.job_name(status.trainer_job_id or ""))
+        assert stats["creates"] == 1 and not stats["liveTrainer"]
 
 
 async def running_program_worker(handle: WorkflowHandle[Any, Any]) -> int:
