@@ -267,7 +267,14 @@ def validate_sweep(
             [SpecProblem(field=f"base.{p.field}", rule=p.rule) for p in exc.problems], source
         ) from None
     try:
-        return SweepSpec.model_validate({**data, "base": base_spec})
+        # Unless the sweep says, its metric and goal are what its trials keep as "best"
+        # (a program's job measures train_loss, not the loops' eval_loss).
+        given = {
+            "metric": base_spec.checkpoint.metric,
+            "goal": "minimize" if base_spec.checkpoint.mode == "min" else "maximize",
+            **data,
+        }
+        return SweepSpec.model_validate({**given, "base": base_spec})
     except ValidationError as exc:
         raise SpecError(problems_from(exc), source) from None
 
