@@ -258,6 +258,36 @@ def example_loops(env: dict[str, str] | None = None) -> dict[str, str]:
     return {"SHEPHERD_LOOPS": ",".join(refs)} if refs else {}
 
 
+#: The example programs of this repository (examples/programs/), registered with the dev
+#: stack's worker as SHEPHERD_PROGRAMS entries.
+EXAMPLE_PROGRAMS = {
+    "tinker-sft": {
+        "script": "programs/tinker_sft.py",
+        "total_steps_arg": "steps",
+        "log_dir_arg": "log_dir",
+    }
+}
+
+
+def example_programs(env: dict[str, str] | None = None) -> dict[str, str]:
+    """``SHEPHERD_PROGRAMS`` with the repository's example programs added (in a source
+    checkout), so ``examples/tinker-sft.yaml`` runs on ``shepherd dev``; the worker's own
+    entries win."""
+    env = dict(os.environ) if env is None else env
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    try:
+        table = json.loads(env.get("SHEPHERD_PROGRAMS") or "{}")
+    except ValueError:
+        table = None  # the worker names the fault when it reads it
+    if not isinstance(table, dict):
+        return {"SHEPHERD_PROGRAMS": env["SHEPHERD_PROGRAMS"]}
+    for name, entry in EXAMPLE_PROGRAMS.items():
+        script = examples / entry["script"]
+        if script.is_file() and name not in table:
+            table[name] = {**entry, "script": str(script)}
+    return {"SHEPHERD_PROGRAMS": json.dumps(table)} if table else {}
+
+
 @dataclass
 class WorkerProcess:
     state_dir: Path
@@ -333,6 +363,7 @@ class DevStack:
                     # Program jobs' log directories (shepherd logs reads them from here).
                     "SHEPHERD_PROGRAM_DIR": str(self.program_dir),
                     **example_loops(),
+                    **example_programs(),
                 },
                 task_queue=self.task_queue,
             )
