@@ -9,13 +9,13 @@ a 5xx, which the SDKs retry for minutes. A known path with the wrong method is 4
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from localplane.errors import MethodNotAllowed, UnknownEndpoint, shorten
 from localplane.trainer.training import SEQUENCED
+from shepherd.tinker_wire import paths
 
 if TYPE_CHECKING:
     from localplane.trainer.service import TrainerService
@@ -34,23 +34,7 @@ class Call:
 Handler = Callable[[Call], Any]  # a result dict, or an awaitable of one
 
 
-@dataclass(frozen=True)
-class Route:
-    method: str
-    pattern: str
-    #: The operation's name: the ``x-localplane-op`` header and the plane's request counters.
-    op: str
-    handler: Handler
-
-    def regex(self) -> re.Pattern[str]:
-        parts = []
-        for segment in self.pattern.split("/"):
-            m = re.fullmatch(r"\{(\w+)(:path)?\}", segment)
-            if m is None:
-                parts.append(re.escape(segment))
-            else:
-                parts.append(f"(?P<{m[1]}>{'.+' if m[2] else '[^/]+'})")
-        return re.compile("/".join(parts) + r"\Z")
+Route = paths.Route[Handler]
 
 
 def _unsupported(why: str) -> Handler:
@@ -182,27 +166,22 @@ ROUTES: list[Route] = [
     ),
 ]
 
-_COMPILED = [(route, route.regex()) for route in ROUTES]
+TABLE = paths.RouteTable(ROUTES)
 
 
 def served() -> str:
-    return ", ".join(sorted({f"{r.method} {r.pattern}" for r in ROUTES}))
+    return TABLE.served
 
 
 def match(method: str, path: str) -> tuple[Route, dict[str, str]]:
     """The route of ``method path`` (``path`` relative to ``api/v1/``) and its parameters."""
-    allowed = []
-    for route, regex in _COMPILED:
-        m = regex.match(path)
-        if m is None:
-            continue
-        if route.method == method:
-            return route, m.groupdict()
-        allowed.append(route.method)
-    if allowed:
+    found = TABLE.find(method, path)
+    if isinstance(found, tuple):
+        return found
+    if found:
         raise MethodNotAllowed(
             f"method {method} is not allowed on api/v1/{shorten(path)}; allowed: "
-            + ", ".join(sorted(set(allowed)))
+            + ", ".join(found)
         )
     raise UnknownEndpoint(
         f"no such endpoint: {method} api/v1/{shorten(path)} (this trainer serves: {served()})"
@@ -210,4 +189,4 @@ def match(method: str, path: str) -> tuple[Route, dict[str, str]]:
 
 
 def allowed(path: str) -> list[str]:
-    return sorted({r.method for r, regex in _COMPILED if regex.match(path)})
+    return TABLE.allowed(path)

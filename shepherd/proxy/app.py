@@ -14,10 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import re
 import socket
 from collections.abc import Awaitable, Callable, Generator
-from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -29,7 +27,7 @@ from starlette.routing import Route as StarletteRoute
 
 from shepherd.proxy.api import Call, Encoded, ProgramApi, ProgramError
 from shepherd.proxy.settings import MAX_BODY_BYTES
-from shepherd.tinker_wire import dialects
+from shepherd.tinker_wire import dialects, paths
 from shepherd.tinker_wire.errors import WireError
 
 log = structlog.stdlib.get_logger("shepherd.proxy")
@@ -42,22 +40,7 @@ def _seq(op: str) -> Handler:
     return lambda api, c: api.sequenced(op, c)
 
 
-@dataclass(frozen=True)
-class Route:
-    method: str
-    pattern: str
-    op: str
-    handler: Handler
-
-    def regex(self) -> re.Pattern[str]:
-        parts = []
-        for segment in self.pattern.split("/"):
-            m = re.fullmatch(r"\{(\w+)(:path)?\}", segment)
-            if m is None:
-                parts.append(re.escape(segment))
-            else:
-                parts.append(f"(?P<{m[1]}>{'.+' if m[2] else '[^/]+'})")
-        return re.compile("/".join(parts) + r"\Z")
+Route = paths.Route[Handler]
 
 
 ROUTES = [
@@ -117,30 +100,23 @@ ROUTES = [
     ),
     Route("GET", "checkpoints", "user_checkpoints", ProgramApi.user_checkpoints),
 ]
-_COMPILED = [(route, route.regex()) for route in ROUTES]
-SERVED = ", ".join(sorted({f"{r.method} {r.pattern}" for r in ROUTES}))
+TABLE = paths.RouteTable(ROUTES)
 
 
 def match(method: str, path: str) -> tuple[Route, dict[str, str]]:
-    allowed = []
-    for route, regex in _COMPILED:
-        m = regex.match(path)
-        if m is None:
-            continue
-        if route.method == method:
-            return route, m.groupdict()
-        allowed.append(route.method)
-    if allowed:
+    found = TABLE.find(method, path)
+    if isinstance(found, tuple):
+        return found
+    if found:
         raise ProgramError(
             405,
             "INVALID_ARGUMENT",
-            f"method {method} is not allowed on api/v1/{path[:120]}; allowed: "
-            + ", ".join(sorted(set(allowed))),
+            f"method {method} is not allowed on api/v1/{path[:120]}; allowed: " + ", ".join(found),
         )
     raise ProgramError(
         400,
         "UNIMPLEMENTED",
-        f"no such endpoint: {method} api/v1/{path[:120]} (Shepherd's proxy serves: {SERVED})",
+        f"no such endpoint: {method} api/v1/{path[:120]} (Shepherd's proxy serves: {TABLE.served})",
     )
 
 
