@@ -128,13 +128,14 @@ class Stack:
         return validate_spec(data)
 
     async def start(
-        self, spec: JobSpec, **kwargs: Any
+        self, spec: JobSpec, *, task_queue: str | None = None, **kwargs: Any
     ) -> WorkflowHandle[TrainingJobWorkflow, JobStatus]:
+        """Start a job (on ``task_queue``, a test's own workers', else the stack's)."""
         handle = await self.client.start_workflow(
             TrainingJobWorkflow.run,
             JobInput(spec=spec, **kwargs),
             id=f"job-{spec.name}-{uuid.uuid4().hex[:8]}",
-            task_queue=self.task_queue,
+            task_queue=task_queue or self.task_queue,
         )
         self.handles.append(handle)
         return handle

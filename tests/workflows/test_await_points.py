@@ -26,13 +26,12 @@ from temporalio.client import WorkflowFailureError, WorkflowHandle, WorkflowUpda
 from temporalio.exceptions import CancelledError
 
 from localplane.admin import PlaneAdmin
-from shepherd.models import JobInput, JobStatus, PauseRequest, PauseResult, ResumeRequest
+from shepherd.models import JobStatus, PauseRequest, PauseResult, ResumeRequest
 from shepherd.phases import Phase
 from shepherd.platform import NotFound
 from shepherd.states import JobState
 from tests.helpers import wait_state
 from tests.workflows.conftest import Stack, worker_for
-from workflows.job import TrainingJobWorkflow
 
 #: Data-plane paths end in the trainer's own path (gateway prefix before it).
 DATA = r"/training/v1/rlorTrainerJobs/[^/]+/[^/]+/api/v1/"
@@ -323,13 +322,7 @@ async def test_cancel_in_the_same_task_as_the_running_event(
     happens every time, not one time in three."""
     task_queue = f"tq-{uuid.uuid4().hex}"
     spec = stack.spec("raced", **SPEC)
-    handle = await stack.client.start_workflow(
-        TrainingJobWorkflow.run,
-        JobInput(spec=spec),
-        id=f"job-raced-{uuid.uuid4().hex[:8]}",
-        task_queue=task_queue,
-    )
-    stack.handles.append(handle)
+    handle = await stack.start(spec, task_queue=task_queue)
     async with worker_for(stack.client, task_queue, stack.registry):
         if recovering:
             status = await stack.until(handle, lambda s: s.phase is Phase.TRAINING and s.step >= 4)

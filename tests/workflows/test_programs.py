@@ -24,7 +24,7 @@ from temporalio.client import WorkflowFailureError, WorkflowHandle
 from temporalio.exceptions import CancelledError
 
 from localplane.admin import PlaneAdmin
-from shepherd.models import JobInput, JobStatus, PauseRequest, PauseResult, ResumeRequest
+from shepherd.models import JobStatus, PauseRequest, PauseResult, ResumeRequest
 from shepherd.phases import Phase
 from shepherd.platform import NotFound
 from shepherd.states import JobState
@@ -32,7 +32,6 @@ from tests.helpers import gateway_api, job_request, run_cli, wait_state, warm
 from tests.plane import cookbook_support as cb
 from tests.proxy.rig import finish, program_env, start_program, stop
 from tests.workflows.conftest import Stack
-from workflows.job import TrainingJobWorkflow
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "programs" / "tinker_sft.py"
@@ -408,13 +407,7 @@ async def test_a_program_on_a_dead_worker_starts_again_and_resumes(
         worker_process(stack, queue, tmp_path, "w1") as w1,
         worker_process(stack, queue, tmp_path, "w2") as w2,
     ):
-        handle = await stack.client.start_workflow(
-            TrainingJobWorkflow.run,
-            JobInput(spec=spec),
-            id=f"job-phoenix-{uuid.uuid4().hex[:8]}",
-            task_queue=queue,
-        )
-        stack.handles.append(handle)
+        handle = await stack.start(spec, task_queue=queue)
         await until_printed(programs_env, handle, 6)  # its own checkpoint holds step 4
         first_program = await program_pid(handle)
         running = await running_program_worker(handle)
