@@ -129,6 +129,19 @@ class Models:
 
     # -------------------------------------------------------------------- creation
 
+    def _new_model_request(
+        self, body: dict[str, Any]
+    ) -> tuple[Session, int, str, dict[str, Any] | None]:
+        """A request that makes a model (``create_model``, or ``load_weights`` with a session):
+        its session, ``model_seq_id`` and body digest, and the answer already given to the
+        same request (None: a new one)."""
+        digest = canonical_digest(body, ignore=_ADDRESSING)
+        with validate.as_http():
+            session = self.svc.sessions.get(validate.text(body, "session_id"))
+            seq = validate.integer(body, "model_seq_id", required=True, low=0)
+            assert seq is not None
+            return session, seq, digest, self._dedupe_create(session, seq, digest)
+
     def _dedupe_create(self, session: Session, seq: int, digest: str) -> dict[str, Any] | None:
         known = self._creates.get((session.session_id, seq))
         if known is not None:
@@ -210,14 +223,10 @@ class Models:
 
     def create_model(self, body: dict[str, Any]) -> dict[str, Any]:
         svc = self.svc
-        digest = canonical_digest(body, ignore=_ADDRESSING)
+        session, seq, digest, known = self._new_model_request(body)
+        if known is not None:
+            return known
         with validate.as_http():
-            session = svc.sessions.get(validate.text(body, "session_id"))
-            seq = validate.integer(body, "model_seq_id", required=True, low=0)
-            assert seq is not None
-            known = self._dedupe_create(session, seq, digest)
-            if known is not None:
-                return known
             validate.base_model(body.get("base_model"), svc.cfg.base_model)
             lora_raw = body.get("lora_config")
             lora = validate.lora(lora_raw)
@@ -246,14 +255,10 @@ class Models:
         """``load_weights`` with ``session_id`` + ``model_seq_id``: a new model whose first
         operation is the load (tinker derives the same model id client-side)."""
         svc = self.svc
-        digest = canonical_digest(body, ignore=_ADDRESSING)
+        session, seq, digest, known = self._new_model_request(body)
+        if known is not None:
+            return known
         with validate.as_http():
-            session = svc.sessions.get(validate.text(body, "session_id"))
-            seq = validate.integer(body, "model_seq_id", required=True, low=0)
-            assert seq is not None
-            known = self._dedupe_create(session, seq, digest)
-            if known is not None:
-                return known
             metadata = validate.user_metadata(body.get("user_metadata"))
             with_optimizer = validate.flag(body, "optimizer")
         path, base_model = body.get("path"), body.get("base_model")
