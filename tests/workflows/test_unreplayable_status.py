@@ -9,22 +9,14 @@ import uuid
 
 from temporalio.worker import Worker
 
-from shepherd.models import JobInput
 from tests.helpers import run_cli
 from tests.workflows.conftest import Stack, worker_for
 from tests.workflows.drifting import IncompatibleTrainingJob
-from workflows.job import TrainingJobWorkflow
 
 
 async def test_status_watch_and_list_survive_a_history_that_does_not_replay(stack: Stack) -> None:
     queue = f"tq-{uuid.uuid4().hex}"
-    handle = await stack.client.start_workflow(
-        TrainingJobWorkflow.run,
-        JobInput(spec=stack.spec("orphaned")),
-        id=f"job-orphaned-{uuid.uuid4().hex[:8]}",
-        task_queue=queue,
-    )
-    stack.handles.append(handle)
+    handle = await stack.start(stack.spec("orphaned"), task_queue=queue)
     async with worker_for(stack.client, queue, stack.registry):
         final = await handle.result()
     # Only workers of an incompatible version poll the job's queue now.
