@@ -15,11 +15,13 @@ import contextlib
 import random
 import time
 import uuid
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.service import RPCError, RPCStatusCode
 
 from localplane.admin import PlaneAdmin
 from shepherd.models import JobInput, JobStatus
@@ -99,6 +101,19 @@ async def _cancel_requested(handle: WorkflowHandle[Any, Any]) -> bool:
     return False
 
 
+async def _ended_or_sent(request: Awaitable[None]) -> bool:
+    """Send a signal or a cancel; False when the job ended between the status query and the
+    request (the server then answers NOT_FOUND "workflow execution already completed") — a race
+    the user has too, and no fault of the job."""
+    try:
+        await request
+    except RPCError as err:
+        if err.status is RPCStatusCode.NOT_FOUND:
+            return False
+        raise
+    return True
+
+
 async def run_stress(
     client: Client,
     admin: PlaneAdmin,
@@ -145,7 +160,8 @@ async def run_stress(
             if current.phase.is_terminal():
                 return
             if action == "pause":
-                await handle.signal("pause")
+                if not await _ended_or_sent(handle.signal("pause")):
+                    return
                 # Paused, or the pause refused (a notice): resume after a while.
                 async with asyncio.timeout(60):
                     while True:
@@ -153,7 +169,8 @@ async def run_stress(
                         if current.phase is Phase.PAUSED:
                             report.paused += 1
                             await asyncio.sleep(rng.uniform(0.2, 1.5))
-                            await handle.signal("resume")
+                            if not await _ended_or_sent(handle.signal("resume")):
+                                return
                             break
                         if current.phase.is_terminal() or any(
                             "pause ignored" in n for n in current.notices
@@ -170,8 +187,8 @@ async def run_stress(
                         break
                     await asyncio.sleep(0.05)
                     current = await status(handle)
-            else:
-                await handle.cancel()
+            elif not await _ended_or_sent(handle.cancel()):
+                return
 
     async def query_all(stop: asyncio.Event) -> None:
         while not stop.is_set():
