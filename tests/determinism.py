@@ -64,6 +64,9 @@ class StressReport:
     paused: int = 0
     preempted: int = 0
     queries: int = 0
+    #: Queries the client gave up on (its RPC deadline ran out while a worker that replays
+    #: every task from scratch was busy): asked again, counted, not a fault of the job.
+    queries_timed_out: int = 0
     histories_replayed: int = 0
     problems: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
@@ -140,6 +143,18 @@ async def run_stress(
     async def status(handle: WorkflowHandle[Any, Any]) -> JobStatus:
         return await handle.query("status", result_type=JobStatus)
 
+    async def patient_status(handle: WorkflowHandle[Any, Any]) -> JobStatus:
+        """The driver's query: asked again when the client's deadline runs out (``CANCELLED``
+        "Timeout expired", or ``DEADLINE_EXCEEDED``). A driver that gave up there would
+        leave a job paused for good, or its preemption unplayed."""
+        while True:
+            try:
+                return await status(handle)
+            except RPCError as err:
+                if err.status not in (RPCStatusCode.CANCELLED, RPCStatusCode.DEADLINE_EXCEEDED):
+                    raise
+                report.queries_timed_out += 1
+
     async def drive(name: str, rng: random.Random) -> None:
         """One job's random life: pause/resume, a preemption, a cancel, each maybe."""
         handle = handles[name]
@@ -154,7 +169,7 @@ async def run_stress(
         for action, at in sorted(plans, key=lambda p: p[1]):
             await asyncio.sleep(max(0.0, at - (time.monotonic() - t0)))
             try:
-                current = await status(handle)
+                current = await patient_status(handle)
             except Exception:  # noqa: BLE001 - ended, or a query refused: the job decides
                 return
             if current.phase.is_terminal():
@@ -165,7 +180,7 @@ async def run_stress(
                 # Paused, or the pause refused (a notice): resume after a while.
                 async with asyncio.timeout(60):
                     while True:
-                        current = await status(handle)
+                        current = await patient_status(handle)
                         if current.phase is Phase.PAUSED:
                             report.paused += 1
                             await asyncio.sleep(rng.uniform(0.2, 1.5))
@@ -186,7 +201,7 @@ async def run_stress(
                             report.preempted += 1
                         break
                     await asyncio.sleep(0.05)
-                    current = await status(handle)
+                    current = await patient_status(handle)
             elif not await _ended_or_sent(handle.cancel()):
                 return
 
