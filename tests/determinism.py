@@ -42,17 +42,23 @@ class StressConfig:
     seed: int = 0
     steps: int = 12
     every: int = 4
-    step_ms: int = 40
+    #: Long enough that a driver's queries (slow: the worker replays every task) see the
+    #: step it waits for before the job has trained past it.
+    step_ms: int = 150
     #: Chance that a job is paused (signal) at a random moment, then resumed (signal).
     pause: float = 0.35
     #: Chance that a job's trainer is preempted at a random moment while it trains.
     preempt: float = 0.35
     #: Chance that a job is cancelled at a random moment.
-    cancel: float = 0.2
-    #: Actions come within this many seconds of a job's start.
-    window_s: float = 6.0
-    #: Every job is queried this often (``watch`` asks twice a second; this is harder).
-    query_every_s: float = 0.1
+    cancel: float = 0.3
+    #: When an action comes: at a random step of the job's training, whatever the machine's
+    #: speed (a moment in seconds missed every job on a fast run), or, one time in
+    #: ``early_in``, within ``early_s`` of its start (provisioning, the waits, warm-up).
+    early_in: int = 4
+    early_s: float = 1.5
+    #: Every job is queried this often, each by its own watcher (``watch`` asks twice a
+    #: second; this is harder).
+    query_every_s: float = 0.25
     timeout_s: float = 240.0
 
 
@@ -64,11 +70,15 @@ class StressReport:
     paused: int = 0
     preempted: int = 0
     queries: int = 0
+    #: Answered while the job had not ended: the queries that race its workflow tasks.
+    queries_while_running: int = 0
     #: Queries the client gave up on (its RPC deadline ran out while a worker that replays
     #: every task from scratch was busy): asked again, counted, not a fault of the job.
     queries_timed_out: int = 0
     histories_replayed: int = 0
     problems: list[str] = field(default_factory=list)
+    #: Actions a driver did not play, and why (the job had ended, most often).
+    unplayed: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
 
 
@@ -129,6 +139,8 @@ async def run_stress(
     task_queue = f"stress-{uuid.uuid4().hex[:8]}"
     run_id = uuid.uuid4().hex[:6]
     handles: dict[str, WorkflowHandle[Any, JobStatus]] = {}
+    stop = asyncio.Event()
+    watchers: list[asyncio.Task[None]] = []
 
     async def start(name: str) -> WorkflowHandle[Any, JobStatus]:
         handle = await client.start_workflow(
@@ -138,6 +150,7 @@ async def run_stress(
             task_queue=task_queue,
         )
         handles[name] = handle
+        watchers.append(asyncio.create_task(watch(handle, stop)))
         return handle
 
     async def status(handle: WorkflowHandle[Any, Any]) -> JobStatus:
@@ -158,21 +171,36 @@ async def run_stress(
     async def drive(name: str, rng: random.Random) -> None:
         """One job's random life: pause/resume, a preemption, a cancel, each maybe."""
         handle = handles[name]
-        plans = []
-        if rng.random() < cfg.pause:
-            plans.append(("pause", rng.uniform(0, cfg.window_s)))
-        if rng.random() < cfg.preempt:
-            plans.append(("preempt", rng.uniform(0, cfg.window_s)))
-        if rng.random() < cfg.cancel:
-            plans.append(("cancel", rng.uniform(0, cfg.window_s)))
+        plans = []  # (action, at this step or -1: early, then after this many seconds)
+        for action, chance in (
+            ("pause", cfg.pause),
+            ("preempt", cfg.preempt),
+            ("cancel", cfg.cancel),
+        ):
+            if rng.random() >= chance:
+                continue
+            if action != "preempt" and rng.randrange(cfg.early_in) == 0:
+                plans.append((action, -1, rng.uniform(0, cfg.early_s)))
+            else:
+                # A step with a chunk still to train after it (a preemption needs one).
+                plans.append((action, rng.randrange(cfg.steps - cfg.every), rng.uniform(0, 0.05)))
         t0 = time.monotonic()
-        for action, at in sorted(plans, key=lambda p: p[1]):
-            await asyncio.sleep(max(0.0, at - (time.monotonic() - t0)))
+        for action, at_step, delay in sorted(plans, key=lambda p: (p[1], p[2])):
             try:
                 current = await patient_status(handle)
-            except Exception:  # noqa: BLE001 - ended, or a query refused: the job decides
+                if at_step < 0:
+                    await asyncio.sleep(max(0.0, delay - (time.monotonic() - t0)))
+                else:
+                    while current.step < at_step and not current.phase.is_terminal():
+                        await asyncio.sleep(0.05)
+                        current = await patient_status(handle)
+                    await asyncio.sleep(delay)
+                current = await patient_status(handle)
+            except Exception as exc:  # noqa: BLE001 - ended, or a query refused: the job decides
+                report.unplayed.append(f"{name} {action}@{at_step}: {exc!r}"[:300])
                 return
             if current.phase.is_terminal():
+                report.unplayed.append(f"{name} {action}@{at_step}: ended {current.phase}")
                 return
             if action == "pause":
                 if not await _ended_or_sent(handle.signal("pause")):
@@ -205,12 +233,15 @@ async def run_stress(
             elif not await _ended_or_sent(handle.cancel()):
                 return
 
-    async def query_all(stop: asyncio.Event) -> None:
+    async def watch(handle: WorkflowHandle[Any, Any], stop: asyncio.Event) -> None:
+        """One job's watcher, as ``shepherd watch`` is, only faster: the next query when the
+        last is answered and ``query_every_s`` has passed."""
         while not stop.is_set():
-            for handle in list(handles.values()):
-                with contextlib.suppress(Exception):
-                    await status(handle)
-                    report.queries += 1
+            with contextlib.suppress(Exception):
+                current = await status(handle)
+                report.queries += 1
+                if not current.phase.is_terminal():
+                    report.queries_while_running += 1
             await asyncio.sleep(cfg.query_every_s)
 
     sizing = WorkerSizing(max_cached_workflows=0)  # every workflow task a full replay
@@ -218,8 +249,6 @@ async def run_stress(
         for worker in workers_for(client, task_queue, registry, sizing):
             await stack.enter_async_context(worker)
         bridge = asyncio.create_task(EventBridge(client, registry).run())
-        stop = asyncio.Event()
-        querying = asyncio.create_task(query_all(stop))
         try:
             reference = await start(f"reference-{run_id}")
             await reference.result()
@@ -240,7 +269,7 @@ async def run_stress(
                 await _check(name, handles[name], expected, platform, report)
         finally:
             stop.set()
-            await querying
+            await asyncio.gather(*watchers)
             for handle in handles.values():
                 with contextlib.suppress(Exception):
                     if (await handle.describe()).status is WorkflowExecutionStatus.RUNNING:

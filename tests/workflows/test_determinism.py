@@ -23,5 +23,7 @@ async def test_every_job_ends_as_it_should_and_every_history_replays(stack: Stac
     assert report.problems == [], "\n".join([str(report), *report.problems])
     assert report.completed + report.cancelled == cfg.jobs
     assert report.histories_replayed == cfg.jobs + 1  # and the reference run
-    # The random moments did happen (seeded: the same ones every run).
-    assert report.paused and report.preempted and report.cancelled and report.queries > 50
+    # The random moments did happen (seeded: the same ones every run), and the jobs were
+    # queried while they ran (at least once each on average, however busy the machine).
+    assert report.paused and report.preempted and report.cancelled, report
+    assert report.queries_while_running >= cfg.jobs, report
