@@ -15,7 +15,7 @@ import contextlib
 import random
 import time
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,9 +56,9 @@ class StressConfig:
     #: ``early_in``, within ``early_s`` of its start (provisioning, the waits, warm-up).
     early_in: int = 4
     early_s: float = 1.5
-    #: Every job is queried this often, each by its own watcher (``watch`` asks twice a
-    #: second; this is harder).
-    query_every_s: float = 0.25
+    #: The jobs are queried in turn, a round this often (``watch`` asks twice a second; this
+    #: is harder).
+    query_every_s: float = 0.1
     timeout_s: float = 240.0
 
 
@@ -140,7 +140,6 @@ async def run_stress(
     run_id = uuid.uuid4().hex[:6]
     handles: dict[str, WorkflowHandle[Any, JobStatus]] = {}
     stop = asyncio.Event()
-    watchers: list[asyncio.Task[None]] = []
 
     async def start(name: str) -> WorkflowHandle[Any, JobStatus]:
         handle = await client.start_workflow(
@@ -150,7 +149,6 @@ async def run_stress(
             task_queue=task_queue,
         )
         handles[name] = handle
-        watchers.append(asyncio.create_task(watch(handle, stop)))
         return handle
 
     async def status(handle: WorkflowHandle[Any, Any]) -> JobStatus:
@@ -167,6 +165,16 @@ async def run_stress(
                 if err.status not in (RPCStatusCode.CANCELLED, RPCStatusCode.DEADLINE_EXCEEDED):
                     raise
                 report.queries_timed_out += 1
+
+    async def until(
+        handle: WorkflowHandle[Any, Any], check: Callable[[JobStatus], bool]
+    ) -> JobStatus:
+        """The job's status once ``check`` holds, or once it has ended."""
+        while True:
+            current = await patient_status(handle)
+            if check(current) or current.phase.is_terminal():
+                return current
+            await asyncio.sleep(0.05)
 
     async def drive(name: str, rng: random.Random) -> None:
         """One job's random life: pause/resume, a preemption, a cancel, each maybe."""
@@ -187,13 +195,10 @@ async def run_stress(
         t0 = time.monotonic()
         for action, at_step, delay in sorted(plans, key=lambda p: (p[1], p[2])):
             try:
-                current = await patient_status(handle)
                 if at_step < 0:
                     await asyncio.sleep(max(0.0, delay - (time.monotonic() - t0)))
                 else:
-                    while current.step < at_step and not current.phase.is_terminal():
-                        await asyncio.sleep(0.05)
-                        current = await patient_status(handle)
+                    await until(handle, lambda s: s.step >= at_step)  # noqa: B023 - used at once
                     await asyncio.sleep(delay)
                 current = await patient_status(handle)
             except Exception as exc:  # noqa: BLE001 - ended, or a query refused: the job decides
@@ -207,41 +212,40 @@ async def run_stress(
                     return
                 # Paused, or the pause refused (a notice): resume after a while.
                 async with asyncio.timeout(60):
-                    while True:
-                        current = await patient_status(handle)
-                        if current.phase is Phase.PAUSED:
-                            report.paused += 1
-                            await asyncio.sleep(rng.uniform(0.2, 1.5))
-                            if not await _ended_or_sent(handle.signal("resume")):
-                                return
-                            break
-                        if current.phase.is_terminal() or any(
-                            "pause ignored" in n for n in current.notices
-                        ):
-                            break
-                        await asyncio.sleep(0.05)
+                    current = await until(
+                        handle,
+                        lambda s: (
+                            s.phase is Phase.PAUSED or any("pause ignored" in n for n in s.notices)
+                        ),
+                    )
+                if current.phase is Phase.PAUSED:
+                    report.paused += 1
+                    await asyncio.sleep(rng.uniform(0.2, 1.5))
+                    if not await _ended_or_sent(handle.signal("resume")):
+                        return
             elif action == "preempt":
                 # At the next moment it trains (a preemption hits a trainer that works).
-                while not current.phase.is_terminal():
-                    if current.phase is Phase.TRAINING and current.trainer_job_id:
-                        with contextlib.suppress(PlatformError):
-                            await admin.preempt(current.trainer_job_id)
-                            report.preempted += 1
-                        break
-                    await asyncio.sleep(0.05)
-                    current = await patient_status(handle)
+                current = await until(
+                    handle, lambda s: s.phase is Phase.TRAINING and bool(s.trainer_job_id)
+                )
+                if not current.phase.is_terminal():
+                    with contextlib.suppress(PlatformError):
+                        await admin.preempt(current.trainer_job_id or "")
+                        report.preempted += 1
             elif not await _ended_or_sent(handle.cancel()):
                 return
 
-    async def watch(handle: WorkflowHandle[Any, Any], stop: asyncio.Event) -> None:
-        """One job's watcher, as ``shepherd watch`` is, only faster: the next query when the
-        last is answered and ``query_every_s`` has passed."""
+    async def watch() -> None:
+        """Every job queried in turn, one query at a time, as ``shepherd watch`` would (more
+        watchers at once starve the drivers' own queries on a worker that replays every
+        task)."""
         while not stop.is_set():
-            with contextlib.suppress(Exception):
-                current = await status(handle)
-                report.queries += 1
-                if not current.phase.is_terminal():
-                    report.queries_while_running += 1
+            for handle in list(handles.values()):
+                with contextlib.suppress(Exception):
+                    current = await status(handle)
+                    report.queries += 1
+                    if not current.phase.is_terminal():
+                        report.queries_while_running += 1
             await asyncio.sleep(cfg.query_every_s)
 
     sizing = WorkerSizing(max_cached_workflows=0)  # every workflow task a full replay
@@ -249,6 +253,7 @@ async def run_stress(
         for worker in workers_for(client, task_queue, registry, sizing):
             await stack.enter_async_context(worker)
         bridge = asyncio.create_task(EventBridge(client, registry).run())
+        watcher = asyncio.create_task(watch())
         try:
             reference = await start(f"reference-{run_id}")
             await reference.result()
@@ -269,7 +274,7 @@ async def run_stress(
                 await _check(name, handles[name], expected, platform, report)
         finally:
             stop.set()
-            await asyncio.gather(*watchers)
+            await watcher
             for handle in handles.values():
                 with contextlib.suppress(Exception):
                     if (await handle.describe()).status is WorkflowExecutionStatus.RUNNING:
