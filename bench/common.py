@@ -114,6 +114,23 @@ def save_plot(plt: Any, fig: Any, out: Path) -> dict[str, Any]:
     return {"written": True, "path": str(out), "note": None}
 
 
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by a process and its live descendants, read
+    from /proc (0 where it cannot be read: another OS, a process gone)."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
 def r3(x: float) -> float:
     return round(float(x), 3)
 

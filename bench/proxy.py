@@ -37,6 +37,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -95,7 +96,7 @@ def program(steps: int, batch: int) -> None:
 
 
 async def harness(args: argparse.Namespace) -> dict[str, Any]:
-    from common import log, machine, r3, warm  # noqa: PLC0415 - bench/ is sys.path[0]
+    from common import log, machine, r3, tree_cpu_s, warm  # noqa: PLC0415 - bench/ is sys.path[0]
 
     from localplane.admin import PlaneAdmin  # noqa: PLC0415
     from localplane.process import PlaneProcess  # noqa: PLC0415
@@ -192,6 +193,18 @@ async def harness(args: argparse.Namespace) -> dict[str, Any]:
                         record_digests=not args.no_digests,
                     )
 
+                def cpu_now() -> dict[str, float]:
+                    """CPU seconds so far of the three parties a step keeps busy: this
+                    process (the proxy, in a proxied run), the program (a child, counted once
+                    it exited), and the plane (gateway and trainers)."""
+                    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+                    assert plane.proc is not None
+                    return {
+                        "proxy": time.process_time(),
+                        "program": children.ru_utime + children.ru_stime,
+                        "plane": tree_cpu_s(plane.proc.pid),
+                    }
+
                 def stats(lines: list[dict[str, Any]]) -> dict[str, Any]:
                     times = [x["seconds"] for x in lines[1:]]  # step 1 pays first-call costs
                     times.sort()
@@ -208,6 +221,7 @@ async def harness(args: argparse.Namespace) -> dict[str, Any]:
                     for kind in ("direct", "proxy"):
                         log(f"round {round_ + 1}: {kind}")
                         job_id = await new_job(protobuf=kind == "direct")
+                        cpu = cpu_now()
                         if kind == "direct":
                             base = f"{plane.url}/training/v1/rlorTrainerJobs/{account}/{job_id}"
                             lines = await collect(await launch(base, key))
@@ -219,8 +233,11 @@ async def harness(args: argparse.Namespace) -> dict[str, Any]:
                                 lines = await collect(await launch(proxy.url, proxy.api_key))
                             finally:
                                 await proxy.close()
+                        spent = {k: (v - cpu[k]) * 1000 / args.steps for k, v in cpu_now().items()}
                         await client.delete_job(job_id)
-                        runs[kind].append(stats(lines))
+                        runs[kind].append(
+                            stats(lines) | {f"cpu_ms_per_step_{k}": r3(v) for k, v in spent.items()}
+                        )
                         losses.setdefault(kind, [x["loss"] for x in lines])
                 mean = {k: statistics.fmean(r["mean_s"] for r in v) for k, v in runs.items()}
                 out["per_step"] = {
@@ -231,6 +248,8 @@ async def harness(args: argparse.Namespace) -> dict[str, Any]:
                 }
 
                 # -------- 2. preemptions of a proxied run
+                if args.preemptions < 1:
+                    return out
                 job_id = await new_job(protobuf=False)
                 stepped = asyncio.Event()
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Protocol, Self
 from urllib.parse import quote
 
 import httpx
@@ -49,6 +49,9 @@ from shepherd.platform.models import (
     TrainingShapeVersionList,
 )
 
+if TYPE_CHECKING:
+    from shepherd.platform.aio import AiohttpTransport
+
 #: Default per-request timeout, seconds. Shorter than any activity's start-to-close.
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
@@ -66,6 +69,24 @@ async def _once(request: Callable[[], Awaitable[Any]]) -> Any:
 
 def _q(segment: str) -> str:
     return quote(segment, safe="")
+
+
+class Transport(Protocol):
+    """A request path: auth headers, typed errors (:mod:`shepherd.platform.errors`), JSON
+    decoding. :class:`JsonTransport` (httpx) and
+    :class:`~shepherd.platform.aio.AiohttpTransport` are the two."""
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        json_body: Any = None,
+        data_plane: bool = False,
+        timeout: float | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Any: ...
 
 
 class JsonTransport:
@@ -130,14 +151,16 @@ class PlatformClient:
         self.base_url = base_url.rstrip("/")
         self.gateway_url = (gateway_url or base_url).rstrip("/")
         self._account_id = account_id
+        # Both headers (§1): hosted control planes read the bearer token, training APIs
+        # X-Api-Key.
+        self._headers = {
+            "Authorization": f"Bearer {api_key}",
+            "X-Api-Key": api_key,
+            "User-Agent": USER_AGENT,
+        }
+        self._timeouts = (timeout, connect_timeout)
         self._http = httpx.AsyncClient(
-            # Both headers (§1): hosted control planes read the bearer token, training
-            # APIs X-Api-Key.
-            headers={
-                "Authorization": f"Bearer {api_key}",
-                "X-Api-Key": api_key,
-                "User-Agent": USER_AGENT,
-            },
+            headers=self._headers,
             timeout=httpx.Timeout(timeout, connect=connect_timeout),
             limits=httpx.Limits(
                 max_connections=max_connections, max_keepalive_connections=max_connections
@@ -452,12 +475,21 @@ class PlatformClient:
 
     # -------------------------------------------------------------- data plane
 
-    async def trainer(self, job_id: str) -> TrainerClient:
-        """The data plane of one job, through the gateway."""
+    async def trainer(self, job_id: str, via: Transport | None = None) -> TrainerClient:
+        """The data plane of one job, through the gateway (on this client's connections, or
+        on ``via``: a transport of :meth:`open_data_plane`)."""
         m = rules.JOB_NAME_RE.match(await self.job_name(job_id))
         assert m is not None
         base = f"{self.gateway_url}/training/v1/rlorTrainerJobs/{_q(m['account'])}/{_q(m['job'])}"
-        return TrainerClient(self._t, base)
+        return TrainerClient(via or self._t, base)
+
+    def open_data_plane(self) -> AiohttpTransport:
+        """A connection pool of its own, with this client's credentials and timeouts, for a
+        data-plane path that sends many requests (Shepherd's proxy); the caller closes it."""
+        from shepherd.platform.aio import AiohttpTransport  # noqa: PLC0415 - few need aiohttp
+
+        timeout, connect = self._timeouts
+        return AiohttpTransport(self._headers, timeout=timeout, connect_timeout=connect)
 
     def trainer_at(self, url: str) -> TrainerClient:
         """The data plane of a trainer at a direct URL (no gateway), e.g. for benchmarks."""
@@ -474,25 +506,36 @@ class TrainerClient:
     its ``seq_id``, and the trainer dedupes on ``(model_id, seq_id)``.
     """
 
-    def __init__(self, transport: JsonTransport, base_url: str) -> None:
+    def __init__(self, transport: Transport, base_url: str) -> None:
         self._t = transport
         self.base_url = base_url
 
-    async def _post(self, path: str, body: Any, *, timeout: float | None = None) -> Any:
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        params: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        """Any endpoint of the trainer's API (``path`` relative to ``api/v1/``), once."""
         return await self._t.request(
-            "POST",
+            method,
             f"{self.base_url}/api/v1/{path}",
+            params=params,
             json_body=body,
             data_plane=True,
             timeout=timeout,
         )
 
+    async def _post(self, path: str, body: Any, *, timeout: float | None = None) -> Any:
+        return await self.request("POST", path, body, timeout=timeout)
+
     # ------------------------------------------------------------- direct calls
 
     async def healthz(self, *, timeout: float | None = None) -> bool:
-        await self._t.request(
-            "GET", f"{self.base_url}/api/v1/healthz", data_plane=True, timeout=timeout
-        )
+        await self.request("GET", "healthz", timeout=timeout)
         return True
 
     async def create_session(

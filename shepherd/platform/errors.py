@@ -196,31 +196,39 @@ RETRYABLE_ERRORS: tuple[type[PlatformError], ...] = (
 )
 
 
-def _parse_body(response: httpx.Response) -> tuple[str | None, str]:
+def _parse_body(content: bytes, reason: str) -> tuple[str | None, str]:
     try:
-        body = response.json()
+        body = json.loads(content)
     except (json.JSONDecodeError, UnicodeDecodeError, ValueError):
-        text = response.text.strip()
-        return None, text[:500] or response.reason_phrase or "no message"
+        text = content.decode("utf-8", "replace").strip()
+        return None, text[:500] or reason or "no message"
     error = body.get("error") if isinstance(body, dict) else None
     if isinstance(error, dict):
         status = error.get("status")
-        message = error.get("message") or response.reason_phrase
+        message = error.get("message") or reason
         return (status if isinstance(status, str) else None), str(message)
     if isinstance(body, dict) and "detail" in body:  # a generic FastAPI-style server
         return None, str(body["detail"])
     return None, str(body)[:500]
 
 
-def error_from_response(response: httpx.Response, *, data_plane: bool = False) -> PlatformError:
-    """Map a non-2xx response to the right :class:`PlatformError` subclass.
+def error_from_status(
+    code: int,
+    content: bytes,
+    *,
+    reason: str = "",
+    method: str = "",
+    url: str = "",
+    data_plane: bool = False,
+) -> PlatformError:
+    """Map a non-2xx answer (its HTTP code and body) to the right :class:`PlatformError`
+    subclass, whichever HTTP client received it.
 
     The body's ``status`` wins over the HTTP code where both are present (409 may be
     ``ALREADY_EXISTS`` or ``FAILED_PRECONDITION``); 5xx and 404 on the data plane are
     decided by the HTTP code, because a gateway's answers need not have our body.
     """
-    status_name, message = _parse_body(response)
-    code = response.status_code
+    status_name, message = _parse_body(content, reason)
     cls: type[PlatformError]
     if data_plane and code == 404:
         cls = RouteNotFound
@@ -230,25 +238,39 @@ def error_from_response(response: httpx.Response, *, data_plane: bool = False) -
         cls = _BY_STATUS_NAME[status_name]
     else:
         cls = _BY_HTTP_CODE.get(code, InvalidArgument if code < 500 else InternalError)
+    return cls(message, status_code=code, status=status_name, method=method, url=url)
+
+
+def error_from_response(response: httpx.Response, *, data_plane: bool = False) -> PlatformError:
+    """:func:`error_from_status` of an httpx response."""
     request = response.request
-    return cls(
-        message,
-        status_code=code,
-        status=status_name,
+    return error_from_status(
+        response.status_code,
+        response.content,
+        reason=response.reason_phrase,
         method=request.method,
         url=request.url.raw_path.decode("ascii", "replace"),
+        data_plane=data_plane,
     )
 
 
 def error_from_transport(exc: httpx.TransportError, request: httpx.Request) -> PlatformError:
     """A connection failure or timeout: retryable by definition."""
-    url = request.url.raw_path.decode("ascii", "replace")
-    if isinstance(exc, httpx.TimeoutException):
-        return RequestTimeout(
-            f"request timed out ({type(exc).__name__})", method=request.method, url=url
-        )
-    return Unavailable(
-        f"could not reach the platform ({type(exc).__name__}: {exc})",
+    return transport_failure(
+        exc,
+        timed_out=isinstance(exc, httpx.TimeoutException),
         method=request.method,
-        url=url,
+        url=request.url.raw_path.decode("ascii", "replace"),
+    )
+
+
+def transport_failure(
+    exc: BaseException, *, timed_out: bool, method: str, url: str
+) -> PlatformError:
+    """What a request that got no answer raises: :class:`RequestTimeout` when it ran out of
+    time, else :class:`Unavailable` (both retryable)."""
+    if timed_out:
+        return RequestTimeout(f"request timed out ({type(exc).__name__})", method=method, url=url)
+    return Unavailable(
+        f"could not reach the platform ({type(exc).__name__}: {exc})", method=method, url=url
     )

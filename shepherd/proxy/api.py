@@ -246,16 +246,15 @@ class ProgramApi:
     def _new_model(self, session: Session, seq: int, kind: str, body: dict[str, Any]) -> Any:
         core = self.core
         program_id = ids.model_id(session.program_id, seq)
-        digest = canonical_digest(body, ignore=("type",))
         known = core.models.get(program_id)
         if known is not None:
-            if known.create.digest != digest:
+            if known.create.digest != canonical_digest(body, ignore=known.create.ignore):
                 raise _precondition(
                     f"model_seq_id {seq} of session {session.program_id} was already used by a "
                     "different request; a new model needs a new model_seq_id"
                 )
             return known.create.ticket()
-        create = Op(kind, body, digest, extra={"model_id": program_id})
+        create = Op(kind, body, extra={"model_id": program_id})
         model = Model(program_id, session, index=len(core.models), create=create)
         core.models[program_id] = model
         core.futures.add(create)
@@ -336,12 +335,12 @@ class ProgramApi:
         model = self._model(body.get("model_id"))
         seq = _integer(body, "seq_id", required=False)
         anonymous = name == "save_weights_for_sampler" and body.get("path") is None
-        digest = canonical_digest(body, ignore=SAVE_ADDRESSING if anonymous else ("type",))
+        ignore = SAVE_ADDRESSING if anonymous else ("type",)
         if seq is None:  # a client that does not number its calls gets the next number
             seq = max([model.next_seq - 1, *model.ops]) + 1
         known = model.ops.get(seq)
         if known is not None:
-            return self._repeat(model, known, name, seq, digest)
+            return self._repeat(model, known, name, seq, canonical_digest(body, ignore=ignore))
         if seq < model.next_seq:
             raise _precondition(
                 f"seq_id {seq} of model {model.program_id} was applied long ago (beyond the "
@@ -349,7 +348,7 @@ class ProgramApi:
             )
         if model.broken is not None:
             raise _precondition(model.broken)
-        op = Op(name, body, digest, model=model, seq=seq)
+        op = Op(name, body, ignore, model=model, seq=seq)
         if anonymous:
             sss = _integer(body, "sampling_session_seq_id", required=False)
             # A client that does not number its samplers gets a name of the proxy's.
@@ -377,6 +376,12 @@ class ProgramApi:
             raise _precondition(
                 f"seq_id {seq} of model {model.program_id} was already used by a {known.op} "
                 f"request; this {name} request needs the next seq_id"
+            )
+        if known.digest is None:
+            raise _precondition(
+                f"seq_id {seq} of model {model.program_id} ({name}) was applied and its answer "
+                "read; its request is no longer kept, so a resend cannot be told from new work "
+                "— new work needs the next seq_id"
             )
         if known.digest != digest:
             raise _precondition(
@@ -501,10 +506,9 @@ class ProgramApi:
             )
         self._check_base_model(body, "base_model")
         seq = _integer(body, "seq_id", required=False)
-        digest = canonical_digest(body, ignore=_SAMPLE_ADDRESSING)
         if sampler is not None and seq is not None and seq in sampler.calls:
             known = sampler.calls[seq]
-            if known.digest != digest:
+            if known.digest != canonical_digest(body, ignore=_SAMPLE_ADDRESSING):
                 raise _precondition(
                     f"seq_id {seq} of sampling session {sampler.program_id} was already used by a "
                     "different sample request; a new request needs a new seq_id"
@@ -513,7 +517,7 @@ class ProgramApi:
         samples = body.get("num_samples") or 1
         if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
             raise _bad("num_samples: must be a positive integer")
-        op = Op("asample", body, digest, sampler=sampler, seq=seq)
+        op = Op("asample", body, _SAMPLE_ADDRESSING, sampler=sampler, seq=seq)
         op.extra["sample_sequence_ids"] = [f"{op.request_id}:{i}" for i in range(samples)]
         if sampler is not None:
             sampler.remember(op)

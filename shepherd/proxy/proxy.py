@@ -45,6 +45,9 @@ class ProgramProxy:
         self.api_key = "tml-" + secrets.token_urlsafe(32)
         self.url = ""
         self._platform = platform
+        # The trainer's requests go on a pool of their own (aiohttp: half httpx's cost per
+        # request, and a program's step sends four or five).
+        self._data_plane = platform.open_data_plane()
         self._on_event = on_event
         self._events: asyncio.Queue[ProxyEvent] = asyncio.Queue()
         self._core = Core(platform, settings, self._events.put_nowait)
@@ -88,6 +91,7 @@ class ProgramProxy:
         for task in self._background:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
+        await self._data_plane.aclose()
         log.info("proxy.closed", url=self.url)
 
     # ----------------------------------------------------------------- lifecycle
@@ -110,7 +114,7 @@ class ProgramProxy:
             first = self._attaches == 0
             self._attaches += 1
             result = AttachResult(trainer_job_id=trainer_job_id, first=first)
-            trainer = await self._platform.trainer(trainer_job_id)
+            trainer = await self._platform.trainer(trainer_job_id, via=self._data_plane)
             if core.account is None:
                 core.account = await self._platform.account_id()
             up = Upstream(self._platform, trainer_job_id, trainer, self.settings, self._race)

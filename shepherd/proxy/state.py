@@ -21,6 +21,7 @@ from shepherd.proxy.settings import (
     RESULT_KEEP_AFTER_READ_S,
     RESULT_TTL_S,
 )
+from shepherd.tinker_wire.dialects import canonical_digest
 
 #: Operations that take a model's next ``seq_id`` (as on the trainer).
 SEQUENCED = frozenset(
@@ -47,7 +48,8 @@ class Op:
 
     op: str
     body: dict[str, Any]
-    digest: str = ""
+    #: Top-level body fields a resend may change (its addressing): not in its digest.
+    ignore: tuple[str, ...] = ("type",)
     request_id: str = field(default_factory=new_request_id)
     model: Model | None = None
     sampler: Sampler | None = None
@@ -90,6 +92,16 @@ class Op:
     trainer_result: dict[str, Any] | None = None
     #: asample: the trainer's sequence ids (provenance spans name the program's).
     trainer_sequence_ids: list[str] = field(default_factory=list)
+    _digest: str | None = field(default=None, repr=False)
+
+    @property
+    def digest(self) -> str | None:
+        """The body's canonical digest, made when a resend first needs it: resends are rare,
+        and hashing every body on its way in cost ~1 ms of each step. None once the body
+        was released unhashed (see :meth:`release`)."""
+        if self._digest is None and self.body:
+            self._digest = canonical_digest(self.body, ignore=self.ignore)
+        return self._digest
 
     @property
     def done(self) -> bool:
@@ -111,7 +123,11 @@ class Op:
             self.answered.set()
 
     def release(self) -> None:
-        """Out of the redo log for good: its body is no longer needed."""
+        """Out of the redo log for good: its body is no longer needed. Its digest is kept
+        while the program has not read its answer (a lost ticket is resent, and the resend
+        must find this op); once it has, no SDK resends it."""
+        if self.first_read is None:
+            _ = self.digest
         self.body = {}
         self.fbs = []
 

@@ -34,7 +34,6 @@ from shepherd.platform import (
     TrainerClient,
     Unavailable,
 )
-from shepherd.platform.client import JsonTransport
 from shepherd.proxy.settings import TRAINER_POLL_TIMEOUT_S, TRANSIENT_RETRY_S, ProxySettings
 from shepherd.states import JobState
 
@@ -73,14 +72,6 @@ def jsonable(value: Any) -> Any:
     return value
 
 
-def transport_of(trainer: TrainerClient) -> JsonTransport:
-    """The JSON transport under a :class:`TrainerClient`. The proxy forwards every endpoint
-    of the Tinker API, the REST surface included, and ``TrainerClient`` has a method only for
-    the calls Shepherd's loops make; until it grows a public ``request(method, path, …)``
-    this is the one place that reaches under it."""
-    return trainer._t  # noqa: SLF001 - see the docstring
-
-
 class Upstream:
     """The data plane of one trainer job, for one generation of the proxy."""
 
@@ -95,7 +86,7 @@ class Upstream:
         self.platform = platform
         self.trainer_job_id = trainer_job_id
         self.base_url = trainer.base_url
-        self._t = transport_of(trainer)
+        self._trainer = trainer
         self._settings = settings
         self._on_race = on_race
         #: Set when this generation is over (detached, or the trainer was found gone): every
@@ -141,13 +132,8 @@ class Upstream:
             if self.closed:
                 raise Detached(path)
             try:
-                return await self._t.request(
-                    method,
-                    f"{self.base_url}/api/v1/{path}",
-                    params=params,
-                    json_body=payload,
-                    data_plane=True,
-                    timeout=timeout,
+                return await self._trainer.request(
+                    method, path, payload, params=params, timeout=timeout
                 )
             except RouteNotFound:
                 if self.closed:
