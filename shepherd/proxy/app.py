@@ -20,10 +20,9 @@ from typing import Any
 
 import structlog
 import uvicorn
-from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route as StarletteRoute
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from shepherd.proxy.api import Call, Encoded, ProgramApi, ProgramError
 from shepherd.proxy.settings import MAX_BODY_BYTES
@@ -149,7 +148,7 @@ async def _read(request: Request) -> bytes:
     return b"".join(chunks)
 
 
-def create_app(api: ProgramApi, api_key: str) -> Starlette:
+def create_app(api: ProgramApi, api_key: str) -> ASGIApp:
     expected = api_key.encode()
 
     async def dispatch(request: Request) -> Response:
@@ -182,8 +181,15 @@ def create_app(api: ProgramApi, api_key: str) -> Starlette:
             log.exception("proxy.request_failed", op=op)
             return _error(500, "INTERNAL", f"proxy error in {op}: {type(exc).__name__}: {exc}")
 
-    methods = ["GET", "POST", "PUT", "DELETE", "PATCH"]
-    return Starlette(routes=[StarletteRoute("/{path:path}", dispatch, methods=methods)])
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        # A bare ASGI app: every path goes to dispatch, which routes and answers every
+        # failure itself, so Starlette's router and middleware would only add to each of a
+        # step's requests. Lifespan is off; nothing else than HTTP is served.
+        if scope["type"] == "http":
+            response = await dispatch(Request(scope, receive))
+            await response(scope, receive, send)
+
+    return app
 
 
 class _Server(uvicorn.Server):
@@ -198,7 +204,7 @@ class _Server(uvicorn.Server):
 class HttpServer:
     """The app on ``127.0.0.1``, an ephemeral port."""
 
-    def __init__(self, app: Starlette) -> None:
+    def __init__(self, app: ASGIApp) -> None:
         config = uvicorn.Config(
             app,
             log_level="warning",

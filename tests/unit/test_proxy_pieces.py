@@ -23,6 +23,7 @@ from shepherd.proxy.settings import (
 )
 from shepherd.proxy.state import Checkpoint, FutureTable, Model, Op, Sampler, Session
 from shepherd.proxy.upstream import jsonable
+from shepherd.tinker_wire.dialects import canonical_digest
 
 
 def _settings(**overrides: Any) -> ProxySettings:
@@ -148,6 +149,21 @@ def test_the_dedupe_window_keeps_what_is_not_answered() -> None:
     first.resolve({})
     model.remember(Op("forward", {}, seq=DEDUPE_WINDOW + 20))
     assert 1 not in model.ops and len(model.ops) <= DEDUPE_WINDOW + 1
+
+
+def test_a_request_is_digested_when_a_resend_needs_it_and_kept_until_read() -> None:
+    body = {"model_id": "m", "seq_id": 3, "type": "optim_step", "adam_params": {"lr": 1e-3}}
+    twin = {**body, "type": None, "adam_params": {"lr": 0.001}}  # the same, another way
+    op = Op("optim_step", body)
+    assert op._digest is None  # noqa: SLF001 - nothing hashed on the way in
+    assert op.digest == canonical_digest(twin, ignore=("type",))
+    unread = Op("optim_step", dict(body))
+    unread.release()  # its ticket may have been lost: a resend must still find it
+    assert unread.digest == op.digest and unread.body == {}
+    read = Op("optim_step", dict(body))
+    read.first_read = time.monotonic()
+    read.release()  # answered and read: no SDK resends it, so it is not hashed now
+    assert read.digest is None
 
 
 def test_json_bodies_carry_no_arrays() -> None:
