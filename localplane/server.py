@@ -7,8 +7,8 @@ import os
 import sys
 
 import structlog
-import uvicorn
 
+from localplane import serving
 from localplane.app import create_app
 from localplane.config import PlaneSettings
 from localplane.plane import API_KEY_FILE, Plane
@@ -49,11 +49,11 @@ def serve(settings: PlaneSettings, *, announce: bool = True) -> None:
                 print(f"dev API key: {shown}", file=sys.stdout)  # noqa: T201
             sys.stdout.flush()
 
-    config = uvicorn.Config(
+    server = serving.config(
         app,
         log_config=None,
         access_log=False,
         timeout_graceful_shutdown=5,
         lifespan="on",
     )
-    ReadyServer(config, ready).run(sockets=[sock])
+    ReadyServer(server, ready).run(sockets=[sock])

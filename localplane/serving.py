@@ -10,6 +10,19 @@ from collections.abc import Callable, Generator
 
 import uvicorn
 
+#: How long an idle keep-alive connection stays open. Longer than every client's pool keeps
+#: one (httpx 5 s, the proxy's aiohttp 4 s): the client then always drops an idle
+#: connection first. With uvicorn's default (5 s, the same as httpx's) a request sent on a
+#: connection just as the server closed it failed with "Server disconnected without sending
+#: a response" — a flake in the suite, and a spurious 502 through the gateway. 75 s is what
+#: nginx and most load balancers keep.
+KEEP_ALIVE_S = 75
+
+
+def config(app: object, **options: object) -> uvicorn.Config:
+    """The uvicorn configuration the plane and its trainers share."""
+    return uvicorn.Config(app, timeout_keep_alive=KEEP_ALIVE_S, **options)  # type: ignore[arg-type]
+
 
 class ReadyServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, on_ready: Callable[[], None]) -> None:

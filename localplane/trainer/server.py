@@ -25,13 +25,12 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route as StarletteRoute
 
-from localplane import limits
+from localplane import limits, serving
 from localplane.auth import api_key
 from localplane.errors import PayloadTooLarge, PlaneError, UnknownEndpoint, error_response
 from localplane.serving import ReadyServer, bind
@@ -209,7 +208,7 @@ def serve(cfg: TrainerConfig, host: str = "127.0.0.1") -> None:
         # The plane reads this line from our stdout: the trainer's "I serve on this port".
         print(READY_PREFIX + json.dumps({"port": port, "pid": os.getpid()}), flush=True)  # noqa: T201
 
-    config = uvicorn.Config(
+    server = serving.config(
         app, log_level="warning", access_log=False, lifespan="off", log_config=None
     )
-    ReadyServer(config, announce).run(sockets=[sock])
+    ReadyServer(server, announce).run(sockets=[sock])

@@ -18,6 +18,9 @@ import aiohttp
 
 from shepherd.platform.errors import error_from_status, transport_failure
 
+#: Idle seconds a pooled connection is kept (see :meth:`AiohttpTransport._open`).
+KEEP_ALIVE_S = 4.0
+
 
 class AiohttpTransport:
     """One connection pool to the gateway; :meth:`aclose` it when done. Build it with
@@ -45,7 +48,11 @@ class AiohttpTransport:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
                 headers=self._headers,
-                connector=aiohttp.TCPConnector(limit=self._max_connections),
+                # An idle connection is dropped after 4 s (aiohttp keeps one 15 s): before
+                # a server with uvicorn's default keep-alive (5 s) closes it under a request.
+                connector=aiohttp.TCPConnector(
+                    limit=self._max_connections, keepalive_timeout=KEEP_ALIVE_S
+                ),
                 cookie_jar=aiohttp.DummyCookieJar(),
                 trust_env=False,
             )
