@@ -556,8 +556,10 @@ class ProgramApi:
                 "submit the request again",
             )
         if not op.done:
+            # asyncio.timeout, not wait_for: no task of its own for each held poll.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(op.answered.wait(), self.settings.retrieve_hold_s)
+                async with asyncio.timeout(self.settings.retrieve_hold_s):
+                    await op.answered.wait()
         if not op.done:
             attached = self.core.up is not None
             answer: dict[str, Any] = {
