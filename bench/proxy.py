@@ -256,6 +256,13 @@ async def harness(args: argparse.Namespace) -> dict[str, Any]:
                         for d, p in zip(runs["direct"], runs["proxy"], strict=True)
                     ],
                     "median_step_ratio": r3(median["proxy"] / median["direct"]),
+                    # One run disturbed by the machine moves the mean ratio; not this.
+                    "median_paired_ratio": r3(
+                        statistics.median(
+                            p["mean_s"] / d["mean_s"]
+                            for d, p in zip(runs["direct"], runs["proxy"], strict=True)
+                        )
+                    ),
                     "target_ratio": 1.05,
                     "losses_equal": losses["proxy"] == losses["direct"],
                 }
