@@ -556,10 +556,8 @@ class ProgramApi:
                 "submit the request again",
             )
         if not op.done:
-            # asyncio.timeout, not wait_for: no task of its own for each held poll.
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.settings.retrieve_hold_s):
-                    await op.answered.wait()
+                await asyncio.wait_for(op.answered.wait(), self.settings.retrieve_hold_s)
         if not op.done:
             attached = self.core.up is not None
             answer: dict[str, Any] = {
