@@ -529,6 +529,7 @@ class Core:
         if ok:
             program = self.program_result(op, answer)
             if first:
+                self._digest_before_answer(op)
                 op.resolve(program)
             elif op.op == "forward_backward" and _loss(op) is not None:
                 redone = (answer.get("metrics") or {}).get("loss:sum")
@@ -611,8 +612,23 @@ class Core:
                     trainer_job_id=up.trainer_job_id if up else "",
                 )
             )
-            if self._digests and up is not None:
-                self._want_digest(model, up)
+
+    def _digest_before_answer(self, op: Op) -> None:
+        """An applied optimizer step's weights digest is asked for before its answer is
+        released to the program (the fetch is scheduled first): asked after, a pipelining
+        program's next optim_step can reach the trainer first, this step's digest is never
+        taken, and a restore from this step has nothing to verify against. It costs the
+        step's answer ~1 ms, only on trainers that report digests (localplane)."""
+        model, up = op.model, self.up
+        if (
+            op.op == "optim_step"
+            and self._digests
+            and up is not None
+            and model is not None
+            and model.index == 0
+            and op.gen == self.gen
+        ):
+            self._want_digest(model, up)
 
     def _want_digest(self, model: Model, up: Upstream) -> None:
         if model.digest_busy:
