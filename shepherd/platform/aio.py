@@ -10,6 +10,7 @@ the proxy's CPU per step). The control plane stays on httpx: its calls are few.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -93,18 +94,15 @@ class AiohttpTransport:
                 method=method,
                 url=f"/{path}",
             ) from None
-        if code >= 400:
-            raise error_from_status(
-                code, content, reason=reason, method=method, url=path, data_plane=data_plane
-            )
-        if not content:
-            return {}
-        try:
-            return json.loads(content)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise error_from_status(
-                code, content, reason=reason, method=method, url=path, data_plane=data_plane
-            ) from None
+        if code < 400:
+            if not content:
+                return {}
+            with contextlib.suppress(json.JSONDecodeError, UnicodeDecodeError):
+                return json.loads(content)
+        # A refusal, or a 2xx that is not JSON: typed by its code and body.
+        raise error_from_status(
+            code, content, reason=reason, method=method, url=path, data_plane=data_plane
+        )
 
     async def aclose(self) -> None:
         if self._session is not None:

@@ -85,7 +85,6 @@ class Upstream:
     ) -> None:
         self.platform = platform
         self.trainer_job_id = trainer_job_id
-        self.base_url = trainer.base_url
         self._trainer = trainer
         self._settings = settings
         self._on_race = on_race
