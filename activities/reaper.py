@@ -4,7 +4,9 @@ an orphan). Uses the worker's Temporal client for visibility and its platform cl
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import hashlib
+import re
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
@@ -18,9 +20,10 @@ from shepherd.platform import NotFound, PlatformError
 from shepherd.platform.models import TrainerJob
 from shepherd.reaper import ReapedTrainer, ReaperInput, ReaperReport
 from shepherd.states import JobState
-from shepherd.trainer_ids import made_by_run, owner_of, prefix_of
+from shepherd.trainer_ids import made_by_run, owner_of, prefix_of, trainer_prefix
 
 _JOB_TYPE = "TrainingJob"
+_GENERATION = re.compile(r"-g([0-9]+)\Z")
 
 
 class Profiles(ClientProvider, Protocol):
@@ -52,6 +55,36 @@ def _closed(runs: list[WorkflowExecution], why: str) -> _Verdict:
     return _Verdict(ours=True, closed_at=last.close_time, why=f"{why} {status}")
 
 
+def _generation(trainer_job_id: str) -> int | None:
+    m = _GENERATION.search(trainer_job_id)
+    return int(m[1]) if m else None
+
+
+def gave_out(trainer_job_id: str, runs: Iterable[WorkflowExecution]) -> bool:
+    """Whether these runs of one job got as far as this trainer's generation: each run
+    records its current trainer (``ShepherdTrainerJobId``) before creating it, so a
+    generation past the highest one recorded is an id the job never gave a trainer."""
+    prefix, generation = prefix_of(trainer_job_id), _generation(trainer_job_id)
+    if prefix is None or generation is None:
+        return False
+    reached = [
+        _generation(recorded)
+        for r in runs
+        if (recorded := r.typed_search_attributes.get(sa.TRAINER_JOB_ID))
+        and prefix_of(recorded) == prefix
+    ]
+    return any(g is not None and generation <= g for g in reached)
+
+
+def made_prefix(prefix: str, name: str | None, workflow_id: str, run_id: str) -> bool:
+    """Whether run ``run_id`` of ``workflow_id`` makes trainer ids ``<prefix>-g<n>`` of the
+    kind without the owner: ``<name[:40]>-<6 hex of the run>`` (shepherd/trainer_ids.py)."""
+    if name:
+        return prefix == trainer_prefix(name, workflow_id, run_id, owner_in_id=False)
+    digest = hashlib.sha256(f"{workflow_id}/{run_id}".encode()).hexdigest()[:6]
+    return prefix.endswith(f"-{digest}")
+
+
 class ReaperActivities:
     def __init__(self, clients: Profiles) -> None:
         self.clients = clients
@@ -61,7 +94,8 @@ class ReaperActivities:
 
     async def _verdict(self, client: Client, job: TrainerJob) -> _Verdict:
         owner = owner_of(job.job_id)
-        if owner is not None:
+        prefix = prefix_of(job.job_id)
+        if owner is not None and prefix is not None:
             runs = await self._runs(
                 client, f"WorkflowId = {_q(owner)} AND WorkflowType = {_q(_JOB_TYPE)}"
             )
@@ -76,24 +110,37 @@ class ReaperActivities:
             if not made:
                 return _Verdict(ours=False)  # the id only looks like one of ours
             # Its run and every later run of the workflow id (a continued-as-new chain).
-            since = made[0].start_time
-            verdict = _closed([r for r in runs if r.start_time >= since], "workflow")
+            since = min(r.start_time for r in made)
+            chain = [r for r in runs if r.start_time >= since]
+            if not gave_out(job.job_id, chain):
+                return _Verdict(ours=False)  # a generation the job never reached
+            verdict = _closed(chain, "workflow")
             verdict.workflow_id = owner
             return verdict
-        prefix = prefix_of(job.job_id)
         if prefix is None:
             return _Verdict(ours=False)
-        # Ids without the owner: the workflow that recorded this trainer (or a later
-        # generation of it) in its search attributes.
-        runs = await self._runs(
+        # Ids without the owner (``<name[:40]>-<6 hex>``): the workflow that recorded this
+        # trainer's job (a generation of it) in its search attributes ...
+        recorded = await self._runs(
             client,
             f"{sa.TRAINER_JOB_ID.name} STARTS_WITH {_q(prefix + '-g')} "
             f"AND WorkflowType = {_q(_JOB_TYPE)}",
         )
-        if not runs:
+        if not recorded or not gave_out(job.job_id, recorded):
             return _Verdict(ours=False)
-        verdict = _closed(runs, "workflow")
-        verdict.workflow_id = runs[0].id
+        workflow_id = recorded[0].id
+        # ... and one of whose runs the hex names, as for the ids that carry their owner: a
+        # recorded prefix alone would take in anyone's ``<prefix>-g<n>``.
+        runs = await self._runs(
+            client, f"WorkflowId = {_q(workflow_id)} AND WorkflowType = {_q(_JOB_TYPE)}"
+        )
+        name = recorded[0].typed_search_attributes.get(sa.JOB_NAME)
+        made = [r for r in runs if made_prefix(prefix, name, workflow_id, r.run_id or "")]
+        if not made:
+            return _Verdict(ours=False)
+        since = min(r.start_time for r in made)
+        verdict = _closed([r for r in runs if r.start_time >= since], "workflow")
+        verdict.workflow_id = workflow_id
         return verdict
 
     @activity.defn(name="reap_orphaned_trainers")

@@ -10,11 +10,13 @@ keeps those Shepherd did not create, and deletes those whose job workflow has be
 
 Which trainers are Shepherd's: an id ``<workflow id>--<4 hex>-g<n>`` names its workflow, and
 the hex must be that of one of the workflow's runs (shepherd/trainer_ids.py); any other id is
-Shepherd's only if a job workflow recorded it (the ``ShepherdTrainerJobId`` search attribute,
-its generations too). A trainer whose workflow is missing altogether (deleted, or past the
-namespace's retention) is deleted only when the id fits the rule *and* the trainer's display
-name is that workflow id, as Shepherd sets it: anything else is not provably Shepherd's and
-is left alone.
+Shepherd's only if a job workflow recorded its prefix (the ``ShepherdTrainerJobId`` search
+attribute) *and* its ``<6 hex>`` is that of one of the workflow's runs. Either way the
+generation ``n`` must be one the job reached (at most the one it recorded last): a prefix
+alone would take in a hand-made ``<prefix>-g7``. A trainer whose workflow is missing
+altogether (deleted, or past the namespace's retention) is deleted only when the id fits the
+rule *and* the trainer's display name is that workflow id, as Shepherd sets it: anything
+else is not provably Shepherd's and is left alone.
 """
 
 from __future__ import annotations

@@ -7,16 +7,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from datetime import timedelta
+from typing import Any
 
-from temporalio.client import WorkflowExecutionStatus
+from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 
 from shepherd import reaper
+from shepherd.models import JobInput
 from shepherd.phases import Phase
 from shepherd.reaper import ReaperInput, ReaperReport
 from shepherd.states import JobState
 from tests.helpers import job_request, run_cli, wait_state
 from tests.workflows.conftest import Stack
+from workflows.job import TrainingJobWorkflow
 
 SLOW = {"extra_args": ["--compute-delay-ms=100"]}
 
@@ -72,3 +76,59 @@ async def test_a_terminated_jobs_trainer_is_reaped_and_nothing_else(stack: Stack
         job = await stack.account.client.get_job(survivor)
         assert job.state is JobState.RUNNING, (survivor, job.state)
     assert (await stack.admin.job_stats(stack.job_name(orphan)))["creates"] == 1
+
+
+async def _reap_now(stack: Stack, tag: str, *, dry_run: bool = False) -> ReaperReport:
+    """One pass now, counting every closed job as over (grace 0)."""
+    report: ReaperReport = await stack.client.execute_workflow(
+        reaper.WORKFLOW_TYPE,
+        ReaperInput(grace=timedelta(0), dry_run=dry_run),
+        id=f"reaper-{tag}-{uuid.uuid4().hex[:6]}",
+        task_queue=stack.task_queue,
+        result_type=ReaperReport,
+    )
+    return report
+
+
+async def test_only_ids_shepherd_gave_its_trainers_are_reaped(stack: Stack) -> None:
+    """A trainer made by hand whose id starts like a terminated job's trainers (its
+    workflow id, its prefix, even its run's digest with a generation the job never
+    reached) is not Shepherd's and survives a pass; the job's own trainer does not."""
+    slow = {"trainer": SLOW, "training": {"total_steps": 400}}
+    owned = await stack.start(stack.spec("owned", **slow))
+    # A workflow id that does not fit the platform's id rule (upper case, as a schedule's
+    # run has): its trainers are ``<name>-<6 hex>-g<n>``, found through visibility.
+    unowned: WorkflowHandle[Any, Any] = await stack.client.start_workflow(
+        TrainingJobWorkflow.run,
+        JobInput(spec=stack.spec("unowned", **slow)),
+        id=f"job-Unowned-{uuid.uuid4().hex[:8]}",
+        task_queue=stack.task_queue,
+    )
+    stack.handles.append(unowned)
+    orphans = [
+        (await stack.until(h, lambda s: s.phase is Phase.TRAINING)).trainer_job_id or ""
+        for h in (owned, unowned)
+    ]
+    assert orphans[0].startswith(f"{owned.id}--") and orphans[0].endswith("-g0")
+    assert orphans[1].startswith("unowned-") and orphans[1].endswith("-g0")
+    hand_made = [
+        f"{owned.id}-mine",
+        f"{owned.id}--handmade",
+        orphans[0].removesuffix("-g0") + "-g5",  # its run's digest, a generation never made
+        orphans[1].removesuffix("-g0") + "-g1",  # its recorded prefix, the next generation
+    ]
+    for trainer in hand_made:
+        await stack.account.client.create_job(trainer, job_request())
+    for handle in (owned, unowned):
+        await handle.terminate(reason="an operator's terminate")  # no cleanup runs
+
+    dry = await _reap_now(stack, "dry", dry_run=True)
+    assert sorted(t.trainer_job_id for t in dry.would_delete) == sorted(orphans)
+    assert dry.kept_foreign == len(hand_made)
+
+    done = await _reap_now(stack, "pass")
+    assert sorted(t.trainer_job_id for t in done.deleted) == sorted(orphans), done
+    assert {t.workflow_id for t in done.deleted} == {owned.id, unowned.id}
+    for trainer in hand_made:
+        job = await stack.account.client.get_job(trainer)
+        assert job.state not in (JobState.DELETED, JobState.DELETING), (trainer, job.state)
