@@ -10,13 +10,19 @@ the same weights is the same checkpoint. The hosted Tinker service scopes names 
 run instead: ``tinker://<run>/weights/final`` — two runs may each have a ``final``. Both hold:
 
 * A save returns ``tinker://<run>/weights/<name>`` (``sampler_weights`` for sampler saves).
-* Every run belongs to a *lineage*: the run itself when created from the base model, the
-  lineage of the checkpoint it was loaded from otherwise (a resumed run continues its
-  predecessor's training). Within a lineage a name is unique: saving an existing name at
-  other weights is refused unless ``overwrite`` (a replay that diverged is seen, not
-  hidden). Another lineage saving a taken name gets its own checkpoint, whose control-plane
-  id is qualified: ``<name>.<8 hex of the lineage>``.
-* A bare name resolves to the caller's lineage's checkpoint of that name, else the job's.
+* Every run belongs to a *lineage*: the lineage of the checkpoint it resumed from when it
+  was loaded *with optimizer state* (``create_training_client_from_state_with_optimizer``,
+  Shepherd's restore: a resumed run continues its predecessor's training), the run itself
+  otherwise — created from the base model, or from a checkpoint's weights only
+  (``create_training_client_from_state``: hosted Tinker starts a new training run there, and
+  a preference pipeline's RL stage saves ``000002`` again after its SFT stage did). A
+  weights-only load into an existing model leaves its lineage as it was. Within a lineage a
+  name is unique: saving an existing name at other weights is refused unless ``overwrite``
+  (a replay that diverged is seen, not hidden). Another lineage saving a taken name gets its
+  own checkpoint, whose control-plane id is qualified: ``<name>.<8 hex of the lineage>``.
+* A bare name resolves to the caller's lineage's checkpoint of that name, else the job's
+  (the first lineage's, whose id is the name itself); ``tinker://<run>/weights/<name>``
+  resolves to the checkpoint that run saved under ``<name>``, qualified or not.
 
 **References** ``load_weights``, ``create_sampling_session`` and ``asample`` accept:
 ``tinker://<run>/(weights|sampler_weights)/<name>``; ``tinker://<job>/...`` (older paths);

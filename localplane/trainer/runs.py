@@ -32,7 +32,8 @@ class RunRecord:
     generation: int
     base_model: str
     lora_rank: int
-    #: The run whose training this one continues (itself, unless it started from a checkpoint).
+    #: The run whose training this one continues (itself, unless it resumed from a checkpoint
+    #: with its optimizer state; see trainer/checkpoints.py).
     lineage: str
     created: str
     updated: str

@@ -286,7 +286,7 @@ class Models:
                     f"{exported.base_model!r}; this trainer serves {svc.cfg.base_model!r}"
                 )
             state = svc.backend.restore(exported, with_optimizer=with_optimizer, seed=svc.cfg.seed)
-            self._continue_lineage(model, found)
+            self._continue_lineage(model, found, with_optimizer)
             self._started(model, state, optim_steps=found.step)
             log.info("model.loaded", model_id=model.model_id, checkpoint=found.checkpoint)
             return {"type": "load_weights", "path": path, "model_id": model.model_id}
@@ -294,8 +294,17 @@ class Models:
         self._start(model, fut, build)
         return fut.ticket()
 
-    def _continue_lineage(self, model: Model, meta: ckpt.CheckpointMeta) -> None:
-        """A model loaded from a checkpoint continues that checkpoint's training lineage."""
+    def _continue_lineage(
+        self, model: Model, meta: ckpt.CheckpointMeta, with_optimizer: bool
+    ) -> None:
+        """A load with optimizer state is a resume: the model continues the checkpoint's
+        training lineage (its names, so a replay that diverged is refused). A weights-only
+        load starts training anew from those weights, as hosted Tinker's
+        ``create_training_client_from_state`` starts a new run: the model keeps its own
+        lineage (itself, when new), so its names are its own — an SFT -> RL pipeline on one
+        trainer saves "000002" twice, once per run."""
+        if not with_optimizer:
+            return
         model.run.lineage = meta.lineage or (
             meta.runs[0] if meta.runs else f"{meta.job}/{meta.checkpoint}"
         )
@@ -489,14 +498,13 @@ class Models:
         assert model.state is not None
         meta = ckpts.resolve(body.get("path"), self.caller(model))
         exported = ckpts.read(svc.cfg.data_dir, meta)
+        with_optimizer = validate.flag(body, "optimizer")
         try:
-            svc.backend.load_into(
-                model.state, exported, with_optimizer=validate.flag(body, "optimizer")
-            )
+            svc.backend.load_into(model.state, exported, with_optimizer=with_optimizer)
         except ValueError as exc:
             raise UserError(f"path: checkpoint {meta.checkpoint}: {exc}") from None
         model.optim_steps = meta.step
-        self._continue_lineage(model, meta)
+        self._continue_lineage(model, meta, with_optimizer)
         runs.write(svc.cfg.data_dir, model.run)
         log.info("checkpoint.loaded", model_id=model.model_id, name=meta.checkpoint)
         return {"type": "load_weights", "path": body.get("path"), "model_id": model.model_id}

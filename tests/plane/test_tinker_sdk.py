@@ -267,3 +267,73 @@ def test_stable_reinforce_trains_against_the_recorded_samples(sdk_http: PlaneHtt
     finally:
         service.close("success").result(RESULT_TIMEOUT)
     sdk_http.delete_job(account, job_id)
+
+
+def test_a_weights_only_load_starts_a_new_run_whose_names_are_its_own(
+    sdk_http: PlaneHttp,
+) -> None:
+    """Checkpoint names are scoped by training run, as the hosted service scopes them: a new
+    model made from another run's weights only (`create_training_client_from_state`, the
+    cookbook's SFT -> RL hand-over) saves a name that run took, at other weights, and both
+    paths name their own weights. A resume with optimizer state continues its predecessor's
+    lineage: re-saving the name at the same step and weights is idempotent, at other weights
+    it is refused, as before."""
+    account = sdk_http.new_account("tinker")
+    job_id = f"runs-{uuid.uuid4().hex[:8]}"
+    sdk_http.create_job(account, job_id, lora_rank=4)
+    sdk_http.wait_state(account, job_id, "JOB_STATE_RUNNING")
+    sdk_http.warm(account, sdk_http.trainer_base_url(account, job_id))
+    data = byte_datums(types, CORPUS)
+    other_data = byte_datums(types, ["world world\n", "there there\n"])
+
+    def step(client: tinker.TrainingClient, datums: list[types.Datum]) -> None:
+        client.forward_backward(datums, "cross_entropy").result(RESULT_TIMEOUT)
+        client.optim_step(ADAM).result(RESULT_TIMEOUT)
+
+    def probe(client: tinker.TrainingClient) -> float:
+        return _loss(client.forward(data, "cross_entropy").result(RESULT_TIMEOUT))
+
+    service = _service(sdk_http, account, job_id)
+    try:
+        run_a = service.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=0).result(
+            RESULT_TIMEOUT
+        )
+        step(run_a, data)
+        step(run_a, data)
+        path_a = run_a.save_state("000002").result(RESULT_TIMEOUT).path
+        loss_a = probe(run_a)
+        assert path_a == f"tinker://{run_a.model_id}/weights/000002"
+
+        # A new run from A's weights only: its own lineage, so "000002" is free for it.
+        run_b = service.create_training_client_from_state(path_a).result(RESULT_TIMEOUT)
+        step(run_b, other_data)
+        loss_b = probe(run_b)
+        assert loss_b != loss_a
+        path_b = run_b.save_state("000002").result(RESULT_TIMEOUT).path
+        assert path_b == f"tinker://{run_b.model_id}/weights/000002"
+        ids = sdk_http.checkpoint_ids(account, job_id)
+        assert "000002" in ids and len([c for c in ids if c.startswith("000002.")]) == 1, ids
+
+        # Each path names its own weights; a bare name is the job's first "000002" (A's).
+        for ref, expected in ((path_a, loss_a), (path_b, loss_b), ("000002", loss_a)):
+            loaded = service.create_training_client_from_state_with_optimizer(ref).result(
+                RESULT_TIMEOUT
+            )
+            assert probe(loaded) == expected, ref
+
+        # A resume with optimizer state continues A's lineage: the same name at the same step
+        # and weights is the same checkpoint (idempotent); at other weights it is refused.
+        resumed = service.create_training_client_from_state_with_optimizer(path_a).result(
+            RESULT_TIMEOUT
+        )
+        again = resumed.save_state("000002").result(RESULT_TIMEOUT).path
+        assert again == f"tinker://{resumed.model_id}/weights/000002"
+        assert sorted(sdk_http.checkpoint_ids(account, job_id)) == sorted(ids)
+        step(resumed, data)
+        with pytest.raises(tinker.RequestFailedError, match="already exists"):
+            resumed.save_state("000002").result(RESULT_TIMEOUT)
+        # ...while B, its own lineage, may re-save its name idempotently too.
+        assert run_b.save_state("000002").result(RESULT_TIMEOUT).path == path_b
+    finally:
+        service.close("success").result(RESULT_TIMEOUT)
+    sdk_http.delete_job(account, job_id)
