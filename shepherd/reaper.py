@@ -30,9 +30,15 @@ from pydantic import BaseModel, Field
 #: REAPER_GRACE + REAPER_PERIOD after the end: minutes, where it held GPUs until someone
 #: noticed. One pass is a listing of every trainer job and a visibility read per live one.
 REAPER_PERIOD = timedelta(minutes=5)
-#: A trainer is deleted once its workflow has been closed (or missing) this long: a job's own
-#: cleanup, retried until it succeeds, gets this long to finish first.
-REAPER_GRACE = timedelta(minutes=10)
+#: A trainer is deleted once its workflow has been closed (or missing) this long. The one
+#: default, for ``reaper install``, ``reaper run`` (when no reaper is installed) and
+#: ``shepherd dev``. Nothing of a closed job runs after it closed (its cleanup runs before
+#: the close), so the grace only covers what visibility may not show yet: the next run of
+#: a continue-as-new, a just-started workflow whose trainer exists before its record does,
+#: clock skew between worker and server. Seconds would do on a quiet server; minutes leave
+#: a loaded visibility store its margin and let whoever terminated a job look at its
+#: trainer first, while a trainer still goes within minutes (a dev stack has few slots).
+REAPER_GRACE = timedelta(minutes=2)
 
 #: The Schedule that runs the reaper (``shepherd reaper install``, ``shepherd dev``).
 SCHEDULE_ID = "shepherd-reaper"
@@ -134,6 +140,8 @@ class ReaperState(BaseModel):
     installed: bool = False
     paused: bool = False
     every_s: float | None = None
+    #: The grace its passes use (None: unreadable, e.g. installed by another version).
+    grace_s: float | None = None
     task_queue: str | None = None
     next_runs: list[datetime] = Field(default_factory=list)
     #: The latest passes, newest first: (workflow id, its report, or None while running).
@@ -156,8 +164,9 @@ async def state(client: Any, *, last: int = 5) -> ReaperState:
     action = desc.schedule.action
     if isinstance(action, ScheduleActionStartWorkflow):
         out.task_queue = action.task_queue
+        out.grace_s = await _grace_of(client, action.args)
     out.next_runs = list(desc.info.next_action_times[:3])
-    for taken in reversed(desc.info.recent_actions[-last:]):
+    for taken in reversed(desc.info.recent_actions[-last:] if last > 0 else []):
         started = taken.action
         workflow_id = getattr(started, "workflow_id", None)
         if workflow_id is None:
@@ -170,3 +179,23 @@ async def state(client: Any, *, last: int = 5) -> ReaperState:
             report = None
         out.recent.append((workflow_id, report))
     return out
+
+
+async def _grace_of(client: Any, args: Any) -> float | None:
+    """The grace in a Schedule's reaper input (describe gives the raw payloads)."""
+    try:
+        (inp,) = await client.data_converter.decode(list(args), [ReaperInput])
+    except Exception:  # noqa: BLE001 - another version's input: the grace is unknown
+        return None
+    return inp.grace.total_seconds() if isinstance(inp, ReaperInput) else None
+
+
+def duration_text(seconds: float) -> str:
+    """``90s``, ``2m``, ``1h30m``: how the CLI shows periods and graces."""
+    whole = round(seconds)
+    if whole < 120 and (whole % 60 or not whole):
+        return f"{whole}s"
+    hours, minutes = divmod(whole // 60, 60)
+    rest = whole % 60
+    text = (f"{hours}h" if hours else "") + (f"{minutes}m" if minutes or not hours else "")
+    return text + (f"{rest}s" if rest else "")

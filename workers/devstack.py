@@ -320,9 +320,9 @@ class WorkerProcess:
 
 
 #: A dev stack has few slots: a terminated job's trainer should give its slot back within
-#: minutes, and nothing else deletes trainers there.
+#: minutes, and nothing else deletes trainers there. Only the period is the dev stack's own;
+#: the grace is everyone's (reaper.REAPER_GRACE), so `shepherd reaper run` agrees with it.
 DEV_REAPER_PERIOD = timedelta(minutes=1)
-DEV_REAPER_GRACE = timedelta(minutes=2)
 
 
 @dataclass
@@ -380,7 +380,7 @@ class DevStack:
         assert self.temporal is not None
         client = await connect(TemporalSettings(address=self.temporal.address))
         await reaper.install(
-            client, self.task_queue, every=DEV_REAPER_PERIOD, grace=DEV_REAPER_GRACE
+            client, self.task_queue, every=DEV_REAPER_PERIOD, grace=reaper.REAPER_GRACE
         )
 
     def info(self) -> dict[str, Any]:

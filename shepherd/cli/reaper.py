@@ -19,6 +19,7 @@ from shepherd.reaper import (
     WORKFLOW_TYPE,
     ReaperInput,
     ReaperReport,
+    duration_text,
     install,
     state,
 )
@@ -30,7 +31,12 @@ app = typer.Typer(
 )
 JsonOption = Annotated[bool, typer.Option("--json", help="Print data as JSON.")]
 GraceOption = Annotated[
-    str, typer.Option(help="Delete a trainer once its job has been closed this long.")
+    str | None,
+    typer.Option(
+        help="Delete a trainer once its job has been closed this long "
+        f"[default: the installed reaper's, else {duration_text(REAPER_GRACE.total_seconds())}]",
+        show_default=False,
+    ),
 ]
 
 
@@ -42,10 +48,7 @@ def _duration(value: str, flag: str) -> timedelta:
 
 
 def _defaults() -> tuple[str, str]:
-    def text(d: timedelta) -> str:
-        return f"{int(d.total_seconds() // 60)}m"
-
-    return text(REAPER_PERIOD), text(REAPER_GRACE)
+    return duration_text(REAPER_PERIOD.total_seconds()), duration_text(REAPER_GRACE.total_seconds())
 
 
 def _report(report: ReaperReport | None, title: str) -> None:
@@ -58,7 +61,7 @@ def _report(report: ReaperReport | None, title: str) -> None:
     console.print(
         f"[bold]{title}[/bold] at {when}: checked {report.checked}, {verb} {len(found)}, "
         f"kept {report.kept_live} of live or just-ended jobs and {report.kept_foreign} "
-        f"not Shepherd's (grace {report.grace_s:.0f}s)"
+        f"not Shepherd's (grace {duration_text(report.grace_s)})"
     )
     if found:
         table = Table("trainer", "state", "job", "why", "backend")
@@ -84,8 +87,9 @@ def install_cmd(
         sh = await shepherd()
         await install(sh.client, sh.task_queue, every=period, grace=wait, paused=paused)
         console.print(
-            f"schedule {SCHEDULE_ID}: every {period}, deleting trainers of jobs closed for "
-            f"{wait} (task queue {sh.task_queue})"
+            f"schedule {SCHEDULE_ID}: every {duration_text(period.total_seconds())}, deleting "
+            f"trainers of jobs closed for {duration_text(wait.total_seconds())} "
+            f"(task queue {sh.task_queue})"
         )
 
     run(go())
@@ -106,9 +110,10 @@ def status_cmd(as_json: JsonOption = False) -> None:
                 "the reaper is not installed: `shepherd reaper install` (shepherd dev does it)"
             )
             raise typer.Exit(1)
-        every = f"every {found.every_s:.0f}s" if found.every_s else "-"
+        every = f"every {duration_text(found.every_s)}" if found.every_s else "every -"
+        grace = f"grace {duration_text(found.grace_s)}" if found.grace_s is not None else "grace -"
         console.print(
-            f"[bold]{SCHEDULE_ID}[/bold]  {every}  task queue {found.task_queue}"
+            f"[bold]{SCHEDULE_ID}[/bold]  {every}  {grace}  task queue {found.task_queue}"
             + ("  [yellow]paused[/yellow]" if found.paused else "")
         )
         nexts = ", ".join(t.isoformat(timespec="seconds") for t in found.next_runs)
@@ -126,17 +131,30 @@ def run_cmd(
     dry_run: Annotated[
         bool, typer.Option(help="Show what it would delete; delete nothing.")
     ] = False,
-    grace: GraceOption = _defaults()[1],
+    grace: GraceOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """One pass now (on this task queue's workers), and what it did."""
-    wait = _duration(grace, "--grace")
+    """One pass now (on this task queue's workers), and what it did. Without --grace it
+    uses the installed reaper's grace, so it deletes what the next scheduled pass would."""
+    wait = _duration(grace, "--grace") if grace is not None else None
 
     async def go() -> None:
         sh = await shepherd()
+        chosen, source = wait, "--grace"
+        if chosen is None:
+            installed = (await state(sh.client, last=0)).grace_s
+            chosen, source = (
+                (timedelta(seconds=installed), "the installed reaper's")
+                if installed is not None
+                else (REAPER_GRACE, "the default: no reaper is installed")
+            )
+        if not as_json:
+            console.print(
+                f"grace {duration_text(chosen.total_seconds())} ({source})", highlight=False
+            )
         report: Any = await sh.client.execute_workflow(
             WORKFLOW_TYPE,
-            ReaperInput(grace=wait, dry_run=dry_run),
+            ReaperInput(grace=chosen, dry_run=dry_run),
             id=f"{SCHEDULE_ID}-manual-{uuid.uuid4().hex[:8]}",
             task_queue=sh.task_queue,
             result_type=ReaperReport,

@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import shlex
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
+import pytest
 import yaml
 
 from shepherd.client import load_job_spec
@@ -54,3 +57,36 @@ def test_the_dev_stack_key_is_described_as_printed() -> None:
     assert (
         "the dev API key (on a terminal; when its output goes to a file or a pipe, the path" in text
     )
+
+
+def test_the_reapers_grace_is_one_default_and_the_readme_says_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``shepherd dev`` installs the reaper with the grace everyone else defaults to
+    (``reaper run`` once used 10 min where the dev stack's reaper used 2), and the README
+    names that grace where it describes the reaper."""
+    from types import SimpleNamespace
+
+    from shepherd import reaper
+    from workers import devstack
+
+    installed: dict[str, Any] = {}
+
+    async def install(client: Any, task_queue: str, **settings: Any) -> str:
+        installed.update(settings)
+        return reaper.SCHEDULE_ID
+
+    async def connect(settings: Any) -> object:
+        return object()
+
+    monkeypatch.setattr(reaper, "install", install)
+    monkeypatch.setattr(devstack, "connect", connect)
+    stack = devstack.DevStack(tmp_path)
+    stack.temporal = SimpleNamespace(address="127.0.0.1:1")  # type: ignore[assignment]
+    asyncio.run(stack._install_reaper())
+    assert installed["grace"] == reaper.REAPER_GRACE
+    assert reaper.ReaperInput().grace == reaper.REAPER_GRACE
+    minutes = reaper.REAPER_GRACE.total_seconds() / 60
+    text = " ".join(README.split())
+    assert f"longer than the grace: {minutes:g} min unless `--grace` says otherwise" in text
+    assert "`shepherd dev` uses it too" in text

@@ -132,3 +132,31 @@ async def test_only_ids_shepherd_gave_its_trainers_are_reaped(stack: Stack) -> N
     for trainer in hand_made:
         job = await stack.account.client.get_job(trainer)
         assert job.state not in (JobState.DELETED, JobState.DELETING), (trainer, job.state)
+
+
+async def test_the_grace_is_shown_and_a_manual_pass_uses_the_installed_one(stack: Stack) -> None:
+    """``reaper status`` shows the installed reaper's grace; ``reaper run`` without
+    ``--grace`` uses that grace (not another default) and says which it used."""
+    await reaper.install(
+        stack.client, stack.task_queue, every=timedelta(hours=1), grace=timedelta(minutes=7)
+    )
+    try:
+        shown = await run_cli("reaper", "status", stack=stack)
+        assert shown.returncode == 0, shown.stderr
+        assert "every 1h" in shown.stdout and "grace 7m" in shown.stdout
+        data = json.loads((await run_cli("reaper", "status", "--json", stack=stack)).stdout)
+        assert data["grace_s"] == 420
+        manual = await run_cli("reaper", "run", "--dry-run", stack=stack)
+        assert manual.returncode == 0, manual.stderr
+        assert "grace 7m (the installed reaper's)" in manual.stdout
+        report = json.loads(
+            (await run_cli("reaper", "run", "--dry-run", "--json", stack=stack)).stdout
+        )
+        assert report["grace_s"] == 420
+        given = await run_cli("reaper", "run", "--dry-run", "--grace", "30s", stack=stack)
+        assert "grace 30s (--grace)" in given.stdout
+    finally:
+        await stack.client.get_schedule_handle(reaper.SCHEDULE_ID).delete()
+    alone = await run_cli("reaper", "run", "--dry-run", stack=stack)
+    default = reaper.duration_text(reaper.REAPER_GRACE.total_seconds())
+    assert f"grace {default} (the default: no reaper is installed)" in alone.stdout
