@@ -11,6 +11,7 @@ import contextlib
 import gc
 import importlib
 import json
+import logging
 import os
 import signal
 import uuid
@@ -124,6 +125,32 @@ class WorkerSizing:
         return cls(**values)
 
 
+class _AliasProbes(logging.Filter):
+    """transformers 5 warns ("Accessing `X` from `...`. Returning ... instead") whenever an
+    attribute of one of its deprecated ``*_fast`` alias modules is read. temporalio's Worker
+    reads ``__cached__`` of every loaded module to hash its default build id, so each worker
+    start logged ~190 of them. A dunder is a tool looking at the module, not code using the
+    alias: those are dropped; the warning still shows for a real use of an alias."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        return not (
+            isinstance(record.msg, str)
+            and record.msg.startswith("Accessing `")
+            and args
+            and isinstance(args[0], str)
+            and args[0].startswith("__")
+            and args[0].endswith("__")
+        )
+
+
+def quiet_library_noise() -> None:
+    """Filter what libraries log at a worker's start that says nothing (idempotent)."""
+    logger = logging.getLogger("transformers")
+    if not any(isinstance(f, _AliasProbes) for f in logger.filters):
+        logger.addFilter(_AliasProbes())
+
+
 def _registered_programs() -> list[str] | None:
     """The programs this worker can run (None: its SHEPHERD_PROGRAMS cannot be read)."""
     try:
@@ -152,6 +179,7 @@ def workers_for(
     """The workers serving one task queue: workflows and trainer-holding activities on
     ``task_queue``, polls on its waits queue (each with its own slots and pollers)."""
     sizing = sizing or WorkerSizing()
+    quiet_library_noise()  # before Worker(), whose build id reads every module
     # This worker's own queue: the programs it runs are steered there (attach, detach ...).
     control_queue = f"{task_queue}-programs-{uuid.uuid4().hex[:12]}"
     activities = activities_for(registry, control_queue)
