@@ -70,13 +70,53 @@ class _Run:
     """One program run on this worker: its proxy, and what the workflow has yet to be told."""
 
     proxy: ProgramProxy
-    events: asyncio.Queue[ProxyEvent]
+    events: asyncio.Queue[Any]
     step: int = 0
     last_loss: float | None = None
     losses: list[tuple[int, float]] = field(default_factory=list)
     checkpoints: list[CheckpointRecord] = field(default_factory=list)
     trainer_lost: str | None = None
     dirty: bool = False
+
+
+#: Tells the reporter to flush and end (put on the run's event queue).
+_STOP = object()
+
+
+def _read_exit(directory: Path) -> dict[str, Any] | None:
+    """What an earlier attempt wrote when the program exited 0 (None: it never did)."""
+    try:
+        data = json.loads((directory / programs.EXIT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("code") == 0 else None
+
+
+def _write_exit(directory: Path, data: dict[str, Any]) -> None:
+    path = directory / programs.EXIT_FILE
+    staging = path.with_suffix(".tmp")
+    staging.write_text(json.dumps(data))
+    staging.replace(path)  # atomic: a reader sees the old record or the new one
+
+
+async def _exited_before(
+    handle: Any, name: str, directory: Path, exited: dict[str, Any]
+) -> ProgramResult:
+    """A later attempt of a program that exited 0: report its final checkpoint, or fail the
+    job when the worker died before it was saved (an older one would be the wrong model)."""
+    raw = exited.get("checkpoint")
+    step = int(exited.get("step") or 0)
+    if raw is None:
+        raise ApplicationError(
+            f"program {name!r} exited 0, but its worker died before Shepherd saved the weights "
+            f"it ended with; the program's own checkpoints are in {directory}",
+            type=policies.PROGRAM_FAILED,
+            non_retryable=True,
+        )
+    record = CheckpointRecord.model_validate(raw)
+    await handle.signal("program_progress", ProgramProgress(step=step, checkpoints=[record]))
+    log(program=name).info("program.already_exited", step=step, checkpoint=record.name)
+    return ProgramResult(exit_code=0, step=step)
 
 
 def _die_with_worker() -> None:
@@ -127,59 +167,87 @@ class ProgramActivities:
             program.check_args(inp.args)
         except programs.ProgramError as exc:
             raise ApplicationError(str(exc), type=policies.LOOP_ERROR, non_retryable=True) from None
-        from shepherd.proxy import ProgramProxy
-
         directory = programs.log_dir(workflow_id)
         if inp.seed_from and programs.seed_log_dir(directory, programs.log_dir(inp.seed_from)):
             log(program=inp.program).info("program.seeded", from_job=inp.seed_from)
         directory.mkdir(parents=True, exist_ok=True)
-        events: asyncio.Queue[ProxyEvent] = asyncio.Queue()
+        handle = activity.client().get_workflow_handle(workflow_id)
+        exited = _read_exit(directory)
+        if exited is not None:
+            # An earlier attempt saw the program exit 0 and its worker died after: the
+            # program is done, and is never started again.
+            return await _exited_before(handle, inp.program, directory, exited)
+        from shepherd.proxy import ProgramProxy
+
+        events: asyncio.Queue[Any] = asyncio.Queue()
         proxy = ProgramProxy(
             self.clients.client(inp.backend),
             _proxy_settings(inp, program, directory),
             on_event=events.put,
         )
         run = _Run(proxy=proxy, events=events)
-        await run.proxy.start()
-        self._runs[workflow_id] = run
-        handle = activity.client().get_workflow_handle(workflow_id)
-        logger = log(program=inp.program)
-        try:
-            await handle.signal(
-                "program_started",
-                ProgramStarted(
-                    control_queue=self.control_queue,
-                    attempt=info.attempt,
-                    total_steps=program.total_steps(inp.args),
-                ),
-            )
-            argv = program.command(sys.executable, inp.args, directory)
-            logger.info("program.starting", argv=argv[1:], log_dir=str(directory))
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                env=self._environment(run.proxy, program),
-                # Relative paths in its arguments mean what they mean to the worker.
-                cwd=os.getcwd(),
-                start_new_session=True,
-                preexec_fn=_die_with_worker,
-            )
-            tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL)
-            output = directory / programs.OUTPUT_FILE
-            pumps = [
-                asyncio.ensure_future(_pump(proc.stdout, "stdout", output, None)),
-                asyncio.ensure_future(_pump(proc.stderr, "stderr", output, tail)),
-            ]
-            reporter = asyncio.ensure_future(self._report(handle, run))
-            progress: dict[str, Any] = {"program_pid": proc.pid}
+        progress: dict[str, Any] = {}
+        # Everything, the proxy's start and close included, runs under the heartbeat: code
+        # after the program's exit that outlived the heartbeat timeout would have the
+        # attempt timed out and the program started again.
+        async with keepalive(progress, policies.KEEPALIVE):
+            await run.proxy.start()
+            self._runs[workflow_id] = run
             try:
-                async with keepalive(progress, policies.KEEPALIVE):
-                    while proc.returncode is None:
-                        progress.update(step=run.step, loss=run.last_loss)
-                        with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(proc.wait(), 1.0)
+                return await self._drive(handle, inp, program, directory, run, progress)
+            finally:
+                self._runs.pop(workflow_id, None)
+                await run.proxy.close()
+
+    async def _drive(
+        self,
+        handle: Any,
+        inp: RunProgramInput,
+        program: programs.Program,
+        directory: Path,
+        run: _Run,
+        progress: dict[str, Any],
+    ) -> ProgramResult:
+        """Start the program, forward what its proxy reports, and end with it."""
+        from shepherd.proxy import ProxyError
+
+        logger = log(program=inp.program)
+        await handle.signal(
+            "program_started",
+            ProgramStarted(
+                control_queue=self.control_queue,
+                attempt=activity.info().attempt,
+                total_steps=program.total_steps(inp.args),
+            ),
+        )
+        argv = program.command(sys.executable, inp.args, directory)
+        logger.info("program.starting", argv=argv[1:], log_dir=str(directory))
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=self._environment(run.proxy, program),
+            # Relative paths in its arguments mean what they mean to the worker.
+            cwd=os.getcwd(),
+            start_new_session=True,
+            preexec_fn=_die_with_worker,
+        )
+        progress["program_pid"] = proc.pid
+        tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL)
+        output = directory / programs.OUTPUT_FILE
+        pumps = [
+            asyncio.ensure_future(_pump(proc.stdout, "stdout", output, None)),
+            asyncio.ensure_future(_pump(proc.stderr, "stderr", output, tail)),
+        ]
+        reporter = asyncio.ensure_future(self._report(handle, run))
+        try:
+            try:
+                while proc.returncode is None:
+                    progress.update(step=run.step, loss=run.last_loss)
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(1.0):
+                            await proc.wait()
             except asyncio.CancelledError:
                 await _stop(proc, policies.PROGRAM_STOP_GRACE.total_seconds())
                 logger.info("program.stopped", reason="cancelled")
@@ -201,48 +269,68 @@ class ProgramActivities:
                     type=policies.PROGRAM_FAILED,
                     non_retryable=True,
                 )
-            # The program's final weights as a Shepherd checkpoint (promotion takes one).
-            final = await run.proxy.checkpoint_now()
+            _write_exit(directory, {"code": 0, "step": run.step})
+            # The weights the program ended with, as a Shepherd checkpoint: what promotion
+            # takes (the last checkpoint taken on the way may be steps behind).
+            try:
+                final = await run.proxy.final_checkpoint()
+            except ProxyError as exc:
+                await self._last_report(handle, run, reporter)
+                raise ApplicationError(
+                    f"program {inp.program!r} exited 0, but Shepherd could not checkpoint the "
+                    f"weights it ended with: {exc}",
+                    type=policies.PROGRAM_FAILED,
+                    non_retryable=True,
+                ) from None
             if final is not None:
                 run.checkpoints.append(final)
                 run.dirty = True
+            _write_exit(
+                directory,
+                {
+                    "code": 0,
+                    "step": run.step,
+                    "checkpoint": final.model_dump(mode="json") if final else None,
+                },
+            )
             await self._last_report(handle, run, reporter)
             return ProgramResult(exit_code=code, step=run.step)
         finally:
-            self._runs.pop(workflow_id, None)
-            await run.proxy.close()
+            if not reporter.done():  # an error path: the reporter ends with the attempt
+                reporter.cancel()
+                await asyncio.gather(reporter, return_exceptions=True)
 
     async def _report(self, handle: Any, run: _Run) -> None:
         """Forward the proxy's events to the workflow: checkpoints and a lost trainer at
         once, steps and losses at most every ``PROGRAM_PROGRESS_EVERY`` (each signal is a
-        history event)."""
+        history event). Ends, after a last flush, when it reads :data:`_STOP`."""
+        every = policies.PROGRAM_PROGRESS_EVERY.total_seconds()
         last = 0.0
         while True:
-            try:
-                event = await asyncio.wait_for(
-                    run.events.get(), policies.PROGRAM_PROGRESS_EVERY.total_seconds()
-                )
-            except TimeoutError:
-                event = None
+            event: Any = None
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow the
+            # cancellation that meets its inner get() completing, and whoever awaits this
+            # task then waits for ever (the job's heartbeat timed out on every exit).
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(every):
+                    event = await run.events.get()
+            if event is _STOP:
+                await self._flush(handle, run)
+                return
             if event is not None and self._absorb(run, event):
                 await self._flush(handle, run)
                 last = time.monotonic()
                 continue
-            if run.dirty and (
-                time.monotonic() - last >= policies.PROGRAM_PROGRESS_EVERY.total_seconds()
-            ):
+            if run.dirty and time.monotonic() - last >= every:
                 await self._flush(handle, run)
                 last = time.monotonic()
 
     async def _last_report(self, handle: Any, run: _Run, reporter: asyncio.Future[None]) -> None:
-        """The program ended: what the proxy reported since the last signal (the events
-        the reporter had not taken yet too) reaches the workflow."""
-        reporter.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await reporter
-        while not run.events.empty():
-            self._absorb(run, run.events.get_nowait())
-        await self._flush(handle, run)
+        """The program ended: what the proxy reported since the last signal reaches the
+        workflow. The reporter is told to stop (never cancelled) and flushes on its way out."""
+        await run.proxy.drain_events()
+        run.events.put_nowait(_STOP)
+        await reporter
 
     @staticmethod
     def _absorb(run: _Run, event: ProxyEvent) -> bool:
@@ -274,6 +362,7 @@ class ProgramActivities:
             losses=run.losses,
             checkpoints=run.checkpoints,
             trainer_lost=run.trainer_lost,
+            restore_point=run.proxy.restore_point,
         )
         run.losses, run.checkpoints, run.trainer_lost, run.dirty = [], [], None, False
         await handle.signal("program_progress", sent)
@@ -368,7 +457,8 @@ async def _stop(proc: asyncio.subprocess.Process, grace_s: float) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
         try:
-            await asyncio.wait_for(proc.wait(), wait)
+            async with asyncio.timeout(wait):
+                await proc.wait()
             return
         except TimeoutError:
             continue

@@ -278,6 +278,8 @@ class ProgramProgress(Model):
     checkpoints: list[CheckpointRecord] = Field(default_factory=list)
     #: The proxy saw the trainer gone (verified with the control plane).
     trainer_lost: str | None = None
+    #: The checkpoint the proxy would restore the job's model from now (kept by pruning).
+    restore_point: str | None = None
 
 
 class ProgramResult(Model):

@@ -7,6 +7,8 @@ Deterministic code only.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
@@ -46,6 +48,18 @@ class Terminal(Exception):
 
 class PauseNow(Exception):
     pass
+
+
+T = TypeVar("T")
+
+
+def required(value: T | None, what: str) -> T:
+    """``value``, which the lifecycle's own logic guarantees; if a bug breaks that, the job
+    fails with an error that says so (an ``assert`` would fail the workflow *task*, which
+    retries for ever: the job hangs in its phase and cancel waits on it)."""
+    if value is None:
+        raise Terminal(Phase.FAILED, "InternalError", f"Shepherd bug: {what} is missing")
+    return value
 
 
 class BadSignal(Exception):

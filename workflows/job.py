@@ -91,6 +91,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.flow import Lost as _Lost
     from workflows.flow import PauseNow as _PauseNow
     from workflows.flow import Terminal as _Terminal
+    from workflows.flow import required
     from workflows.policies import ActivityPolicy, Policies
     from workflows.programs import ProgramSeam
 
@@ -262,8 +263,8 @@ class TrainingJobWorkflow(ProgramSeam):
         if limit is None:
             await body()
             return
-        assert self.s.started_at is not None
-        remaining = limit - (workflow.now() - self.s.started_at)
+        started = required(self.s.started_at, "the job's start time")
+        remaining = limit - (workflow.now() - started)
         main = asyncio.ensure_future(body())
         timer = asyncio.ensure_future(
             workflow.sleep(max(remaining, timedelta(seconds=1)), summary="max runtime")
@@ -419,8 +420,8 @@ class TrainingJobWorkflow(ProgramSeam):
     # ====================================================== provisioning
 
     def _ref(self) -> TrainerRef:
-        assert self.s.trainer_job_id is not None
-        return TrainerRef(backend=self.spec.backend, trainer_job_id=self.s.trainer_job_id)
+        trainer = required(self.s.trainer_job_id, "the trainer's id")
+        return TrainerRef(backend=self.spec.backend, trainer_job_id=trainer)
 
     async def _provision(self) -> None:
         """A new trainer job (a new id: deleted ids are never reused), ready to train."""
@@ -579,8 +580,7 @@ class TrainingJobWorkflow(ProgramSeam):
         )
 
     def _model(self) -> TrainerSession:
-        assert self._session is not None, "no model is open on the trainer"
-        return self._session
+        return required(self._session, "the model open on the trainer")
 
     async def _await_state(
         self,
@@ -794,7 +794,8 @@ class TrainingJobWorkflow(ProgramSeam):
 
     async def _report(self, record: CheckpointRecord) -> None:
         """Best effort: a sweep that is gone must not fail its trial."""
-        assert self._report_to and record.metric is not None
+        if not self._report_to or record.metric is None:
+            return
         self._stop_if_cancelled()
         try:
             await workflow.get_external_workflow_handle(self._report_to).signal(
@@ -839,7 +840,9 @@ class TrainingJobWorkflow(ProgramSeam):
             return
         keep = {c.name for c in self.s.checkpoints[-self.spec.checkpoint.keep_last :]}
         keep |= {c.name for c in (self.s.best,) if c} | {
-            n for n in (self.s.paused_checkpoint, self._to_load) if n
+            n
+            for n in (self.s.paused_checkpoint, self._to_load, self._program_restore_point)
+            if n
         }
         doomed = [c for c in self.s.checkpoints if c.name not in keep]
         if not doomed:
@@ -1019,14 +1022,27 @@ class TrainingJobWorkflow(ProgramSeam):
         if output.promote == "none":
             return
         chosen = self.s.best if output.promote == "best" else self.s.last_checkpoint
-        assert chosen is not None and output.model_id is not None
+        if chosen is None:
+            program = self.spec.training.program
+            raise _Terminal(
+                Phase.FAILED,
+                policies.NO_CHECKPOINT,
+                f"output.promote: {output.promote!r}, but the job has no checkpoint to promote"
+                + (
+                    f" (program {program!r} made no model: set output.promote to 'none' for "
+                    "a program that trains nothing)"
+                    if program
+                    else ""
+                ),
+            )
+        model_id = required(output.model_id, "output.model_id")
         self._set_phase(Phase.EXPORTING)
         request = PromoteInput(
             backend=self.spec.backend,
             trainer_job_id=chosen.trainer_job_id,
             # The promotable (sampler) twin of the chosen checkpoint, as hosted trainers need.
             checkpoint=chosen.sampler or chosen.name,
-            model_id=output.model_id,
+            model_id=model_id,
             base_model=self.spec.trainer.base_model,
         )
         if self._current:
@@ -1054,8 +1070,7 @@ class TrainingJobWorkflow(ProgramSeam):
     async def _publish_to_deployment(self) -> None:
         """Serve the job's result: hot-load the promoted checkpoint (or, promoting none, the
         best or last) onto ``output.hot_load_deployment``."""
-        deployment = self.spec.output.hot_load_deployment
-        assert deployment is not None
+        deployment = required(self.spec.output.hot_load_deployment, "the deployment to publish to")
         output = self.spec.output
         chosen = self.s.best if output.promote == "best" else self.s.last_checkpoint
         chosen = chosen or self.s.best or self.s.last_checkpoint
@@ -1092,7 +1107,7 @@ class TrainingJobWorkflow(ProgramSeam):
 
     async def _check_model_free(self) -> None:
         """A taken output model id fails the job before any GPU is spent on it."""
-        assert self.spec.output.model_id is not None
+        required(self.spec.output.model_id, "output.model_id")
         probe = PromoteInput(
             backend=self.spec.backend,
             trainer_job_id="",

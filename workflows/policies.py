@@ -61,6 +61,8 @@ INVALID_BASE_MODEL = "InvalidBaseModel"
 PROGRAM_FAILED = "ProgramFailed"
 #: The worker asked to steer a program no longer runs it (another attempt does).
 PROGRAM_GONE = "ProgramGone"
+#: Promotion was asked for, and the job has no checkpoint (a program that made no model).
+NO_CHECKPOINT = "NoCheckpoint"
 
 #: Errors no retry can fix, for every platform-calling activity.
 PERMANENT = [

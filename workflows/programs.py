@@ -45,7 +45,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from shepherd.phases import Phase
     from workflows import policies
-    from workflows.flow import DEAD, Lost, PauseNow, Terminal
+    from workflows.flow import DEAD, Lost, PauseNow, Terminal, required
 
 if TYPE_CHECKING:
     from workflows.job import TrainingJobWorkflow
@@ -64,6 +64,10 @@ class ProgramSeam:
     _program_attached: str | None = None
     #: The proxy saw the trainer gone (the reason), until a recovery deals with it.
     _program_lost: str | None = None
+    #: The checkpoint the proxy restores the program's model from after a loss: never pruned.
+    _program_restore_point: str | None = None
+    #: A checkpoint arrived: older ones beyond ``checkpoint.keep_last`` are pruned.
+    _program_prune: bool = False
 
     # ----------------------------------------------------------------- signals
 
@@ -88,6 +92,9 @@ class ProgramSeam:
             add_point(job.s.loss_curve, step, loss)
         for record in progress.checkpoints:
             self._took_checkpoint(record)
+            self._program_prune = True
+        if progress.restore_point:
+            self._program_restore_point = progress.restore_point
         if progress.trainer_lost and self._program_attached == job.s.trainer_job_id:
             self._program_lost = progress.trainer_lost
         job._publish()
@@ -112,6 +119,8 @@ class ProgramSeam:
             ):
                 job.s.best = record
             job.s.eval_value = record.metric
+            # The tracked metric's curve (a program's: the training loss at each checkpoint).
+            add_point(job.s.eval_curve, record.step, record.metric)
         job.s.checkpoints = [c for c in job.s.checkpoints if c.name != record.name] + [record]
         job.s.checkpoints.sort(key=lambda c: (c.step, c.saved_at or workflow.now()))
 
@@ -120,10 +129,9 @@ class ProgramSeam:
     def _program_input(self) -> RunProgramInput:
         job: TrainingJobWorkflow = self  # type: ignore[assignment]
         spec = job.spec
-        assert spec.training.program is not None
         return RunProgramInput(
             backend=spec.backend,
-            program=spec.training.program,
+            program=required(spec.training.program, "training.program"),
             args=dict(spec.training.args),
             settings=ProgramSettings(
                 base_model=spec.trainer.base_model,
@@ -166,12 +174,17 @@ class ProgramSeam:
                 continue
             if self._program_attached == job.s.trainer_job_id and job.s.phase is not Phase.TRAINING:
                 job._set_phase(Phase.TRAINING)  # (until then: PREPARING, or RECOVERING)
+            if self._program_prune:
+                self._program_prune = False
+                await job._prune()
+                continue
             waiter = asyncio.ensure_future(
                 workflow.wait_condition(
                     lambda: (
                         job._pause_requested
                         or died()
                         or job._cancel_seen()
+                        or self._program_prune
                         or (self._program_wants_trainer() and job._serving)
                     )
                 )
@@ -194,6 +207,9 @@ class ProgramSeam:
                 raise PauseNow()
         try:
             await self._program
+            if self._program_prune:  # the final checkpoint
+                self._program_prune = False
+                await job._prune()
         except ActivityError as err:
             job._stop_if_cancelled()
             root = err.cause
@@ -206,8 +222,7 @@ class ProgramSeam:
     async def _attach(self) -> None:
         """Hand the program's proxy the trainer that serves now."""
         job: TrainingJobWorkflow = self  # type: ignore[assignment]
-        trainer = job.s.trainer_job_id
-        assert trainer is not None
+        trainer = required(job.s.trainer_job_id, "the trainer's id")
         attempt = self._program_attempt
         try:
             done: ProgramAttachResult = await self._control(

@@ -193,6 +193,11 @@ class ProgramApi:
                 model.closed = True
         for sid in [s for s, x in self.core.samplers.items() if x.session is session]:
             del self.core.samplers[sid]
+        if any(m.session is session and self.core.keeps(m) for m in self.core.models.values()):
+            # The SDK finishes its session on its way out, before the job's final checkpoint:
+            # the trainer keeps the job's model (it is deleted with the trainer) so that the
+            # weights the program ended with are the ones Shepherd saves and promotes.
+            return {}
         up = self.core.up
         if up is not None and session.gen == self.core.gen and session.trainer_id:
             with contextlib.suppress(PlatformError, Detached, TrainerGone):
@@ -307,7 +312,8 @@ class ProgramApi:
         model = self._model(c.body.get("model_id"))
         model.closed = True
         up = self.core.up
-        if up is not None and model.gen == self.core.gen and model.trainer_id:
+        keep = self.core.keeps(model)  # the job's model: kept for its final checkpoint
+        if not keep and up is not None and model.gen == self.core.gen and model.trainer_id:
             with contextlib.suppress(PlatformError, Detached, TrainerGone):
                 await up.call("POST", "unload_model", {"model_id": model.trainer_id})
         op = Op("unload_model", {}, extra={"model_id": model.program_id})
@@ -611,8 +617,14 @@ class ProgramApi:
             answer["training_runs"] = list(seen.values())
         return answer
 
+    def _program_run(self, run: str) -> str:
+        """The program's model that ``run`` (its own id, or one of its trainer runs: the
+        run a checkpoint path names) is, else ``run``."""
+        program = self.core.ids.program(run)
+        return program if program is not None and self.core.ids.runs(program) else run
+
     async def training_run(self, c: Call) -> Any:
-        run = c.params["run_id"]
+        run = self._program_run(c.params["run_id"])
         trainer_runs = self.core.ids.runs(run)
         if not trainer_runs:
             return self.core.ids.program_value(await self._direct("GET", f"training_runs/{run}"))
@@ -629,7 +641,7 @@ class ProgramApi:
         return answer
 
     async def run_checkpoints(self, c: Call) -> Any:
-        run = c.params["run_id"]
+        run = self._program_run(c.params["run_id"])
         trainer_runs = self.core.ids.runs(run)
         if not trainer_runs:
             return self.core.ids.program_value(
@@ -653,7 +665,8 @@ class ProgramApi:
                 if self.core.is_shepherd_name(checkpoint_id.partition("/")[2]):
                     continue
                 item = self.core.ids.program_value(item)
-                item["tinker_path"] = f"{ids.TINKER}{run}/{checkpoint_id}"
+                # The platform's path (what the save answered): it outlives this job.
+                item["tinker_path"] = f"{ids.TINKER}{trainer_run}/{checkpoint_id}"
                 merged[checkpoint_id] = item
         return list(merged.values())
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from array import array
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
@@ -37,6 +38,7 @@ from shepherd.proxy.events import (
 from shepherd.proxy.ids import IdMap
 from shepherd.proxy.settings import (
     IDS_FILE,
+    MAX_KEPT_SEQUENCE_TOKENS,
     MAX_REDO_OPS,
     MAX_SAMPLERS,
     PROGRESS_HISTORY,
@@ -61,12 +63,8 @@ class Refused(Exception):
         self.code, self.status, self.message = code, status, message
 
 
-def _refusal(exc: PlatformError) -> Exception:
-    """A trainer's 4xx on submission: a refusal, or — when the trainer says it does not know
-    the model or sampler the proxy made on it — the sign that it restarted."""
-    if "is not on this trainer" in exc.message:
-        return TrainerGone(f"the trainer no longer knows what the proxy made on it: {exc.message}")
-    return Refused(exc.status_code or 400, exc.status, exc.message)
+#: What a trainer says of an id it does not hold (a model, a sampler, a session).
+_NOT_HERE = "is not on this trainer"
 
 
 #: Results that name no id (metrics, per-token outputs, samples): passed on as they are,
@@ -128,6 +126,9 @@ class Core:
         self._digests = settings.record_digests
         self._emitted: set[str] = set()
         self._shepherd_names = ids.shepherd_checkpoint(settings.checkpoint_prefix)
+        #: Sampled sequences' log-probabilities, by the program's sequence id (spans).
+        self._sequences: OrderedDict[str, array[float]] = OrderedDict()
+        self._sequence_tokens = 0
 
     # ------------------------------------------------------------------- plumbing
 
@@ -154,6 +155,17 @@ class Core:
 
     def primary(self) -> Model | None:
         return next((m for m in self.models.values() if m.index == 0), None)
+
+    @staticmethod
+    def keeps(model: Model) -> bool:
+        """Whether the proxy keeps ``model`` on the trainer after the program closed it: the
+        job's model (the first one), whose final weights Shepherd checkpoints and promotes
+        when the program ends — SDKs finish their session on the way out, before that."""
+        return model.index == 0
+
+    def live_model(self, model: Model) -> bool:
+        """Whether ``model`` is made again on a new trainer."""
+        return not model.closed or self.keeps(model)
 
     def live(self, up: Upstream) -> bool:
         return up is self.up and not up.closed
@@ -184,6 +196,30 @@ class Core:
                 continue
             except TrainerGone as exc:
                 self.lose(up, exc)
+
+    async def refusal(self, up: Upstream, exc: PlatformError) -> Exception:
+        """What a trainer's 4xx on a submission means. A refusal (the program gets it), unless
+        the trainer says it does not hold what the proxy made on it *and* the evidence says
+        it lost everything: the control plane no longer says RUNNING, or the trainer does
+        not know the job's model either (it restarted). A trainer's word alone never starts
+        a recovery: a snapshot it still holds, refused for another reason, is not a loss."""
+        refused = Refused(exc.status_code or 400, exc.status, exc.message)
+        if _NOT_HERE not in exc.message:
+            return refused
+        await up.verify(f"the trainer refused an id the proxy made on it ({exc.message[:200]})")
+        live = [m for m in self.models.values() if m.gen == self.gen and m.trainer_id]
+        for model in live[:1]:
+            try:
+                await self.model_info(model, up)
+            except PlatformError as again:
+                if _NOT_HERE in again.message:
+                    return TrainerGone(
+                        f"the trainer no longer holds what the proxy made on it (it restarted): "
+                        f"{exc.message}"
+                    )
+                raise
+        log.warning("proxy.refused_id", trainer_job_id=up.trainer_job_id, error=exc.message[:300])
+        return refused
 
     # --------------------------------------------------------------- generations
 
@@ -283,7 +319,7 @@ class Core:
         point, or as the program created it; then its redo log, in order, answered."""
         if model.gen == self.gen and model.trainer_id is not None:
             return
-        if model.broken is not None or model.closed:
+        if model.broken is not None or not self.live_model(model):
             return
         started = time.monotonic()
         restoring = model.trainer_id is not None
@@ -308,7 +344,7 @@ class Core:
             ticket = await up.call("POST", kind, body)
         except PlatformError as exc:
             if exc.status_code and 400 <= exc.status_code < 500:
-                raise _refusal(exc) from None
+                raise await self.refusal(up, exc) from None
             raise
         answer = await self.await_trainer(up, str(ticket["request_id"]))
         if "error" in answer:
@@ -438,8 +474,12 @@ class Core:
         return body
 
     def _map_spans(self, body: dict[str, Any]) -> None:
-        """Provenance spans name sampled sequences by the program's ids; the trainer knows
-        its own."""
+        """Provenance spans name sampled sequences by the program's ids. Where the proxy
+        kept the sequences (sampled with ``record_stability_info``), the spans become the
+        ``logprobs`` they stand for, sent with the datum — what the trainer would resolve
+        them to — so a datum means the same on every trainer: one that never sampled them
+        after a preemption, and the redo on it (always, so the first send and the redo
+        carry the same numbers). Otherwise they are mapped to the trainer's ids."""
         for key in ("forward_input", "forward_backward_input"):
             inner = body.get(key)
             if not isinstance(inner, dict):
@@ -449,12 +489,68 @@ class Core:
                 if isinstance(datum, dict) and (
                     datum.get("loss_fn_input_spans") or datum.get("model_input_spans")
                 ):
-                    datum = dict(datum)
+                    datum = self._inline_spans(datum) or dict(datum)
                     for name in ("loss_fn_input_spans", "model_input_spans"):
                         if datum.get(name):
                             datum[name] = [self._map_span(s) for s in datum[name]]
                 data.append(datum)
             body[key] = {**inner, "data": data}
+
+    def _inline_spans(self, datum: dict[str, Any]) -> dict[str, Any] | None:
+        """``datum`` with its spans replaced by the sampler log-probabilities they name, or
+        None when a sequence it names is not kept (or a span does not fit it)."""
+        spans = datum.get("loss_fn_input_spans") or []
+        inputs = datum.get("loss_fn_inputs")
+        if not isinstance(spans, list) or not isinstance(inputs, dict):
+            return None
+        total = 0
+        for span in spans:
+            arm = next(iter(span.values()), None) if isinstance(span, dict) else None
+            if not isinstance(arm, dict) or not isinstance(arm.get("length"), int):
+                return None
+            total += arm["length"]
+        sent = inputs.get("logprobs")
+        values = sent.get("data") if isinstance(sent, dict) else sent
+        q = (
+            [float(x) for x in values]
+            if isinstance(values, list) and len(values) == total
+            else None
+        )
+        q = q if q is not None else [0.0] * total
+        pos = 0
+        for span in spans:
+            kind, arm = next(iter(span.items()))
+            length, offset = arm["length"], arm.get("offset", 0)
+            if kind == "sampled_tokens":
+                kept = self._sequences.get(str(arm.get("sequence_id")))
+                if kept is None or not isinstance(offset, int) or offset + length > len(kept):
+                    return None
+                q[pos : pos + length] = kept[offset : offset + length]
+            pos += length
+        out = {
+            k: v for k, v in datum.items() if k not in ("loss_fn_input_spans", "model_input_spans")
+        }
+        out["loss_fn_inputs"] = {
+            **inputs,
+            "logprobs": {"data": q, "dtype": "float32", "shape": [total]},
+        }
+        return out
+
+    def _keep_sequences(self, op: Op, answer: dict[str, Any]) -> None:
+        """The log-probabilities of sequences sampled for provenance (their program ids),
+        newest kept, within :data:`MAX_KEPT_SEQUENCE_TOKENS`."""
+        for i, seq in enumerate(answer.get("sequences") or []):
+            logprobs = seq.get("logprobs") if isinstance(seq, dict) else None
+            if not isinstance(logprobs, list) or not all(
+                isinstance(x, int | float) for x in logprobs
+            ):
+                continue
+            key = f"{op.request_id}:{i}"
+            self._sequences[key] = array("d", logprobs)
+            self._sequence_tokens += len(logprobs)
+        while self._sequence_tokens > MAX_KEPT_SEQUENCE_TOKENS and self._sequences:
+            _, gone = self._sequences.popitem(last=False)
+            self._sequence_tokens -= len(gone)
 
     def _map_span(self, span: Any) -> Any:
         if not isinstance(span, dict):
@@ -482,7 +578,7 @@ class Core:
             ticket = await up.call("POST", endpoint(op), body)
         except PlatformError as exc:
             if exc.status_code and 400 <= exc.status_code < 500:
-                raise _refusal(exc) from None
+                raise await self.refusal(up, exc) from None
             raise
         if not self.live(up):
             raise Detached(op.op)
@@ -544,6 +640,8 @@ class Core:
                 log.error("proxy.operation_failed", op=op.op, error=str(answer.get("error"))[:500])
         op.executed.set()
         if op.op == "asample":
+            if ok and first and op.body.get("record_stability_info"):
+                self._keep_sequences(op, answer)
             self.oneoff.pop(op.request_id, None)
             if op.sampler is not None:
                 op.sampler.pending.pop(op.request_id, None)
@@ -562,10 +660,13 @@ class Core:
             if isinstance(trainer_path, str) and isinstance(name, str):
                 parts = ids.split_path(trainer_path)
                 kind = parts[1] if parts else "weights"
-                program_path = f"{ids.TINKER}{model.program_id}/{kind}/{name}"
-                self.ids.learn_path(program_path, trainer_path)
+                # A path the program may also build from its model id resolves too.
+                self.ids.learn_path(f"{ids.TINKER}{model.program_id}/{kind}/{name}", trainer_path)
                 self.ids.learn_path(name, trainer_path)  # a bare name, across trainer jobs
-                return {**self.ids.program_value(answer), "path": program_path}
+                # The program gets the platform's own path: a checkpoint outlives its trainer
+                # and its job, so the path works in any job of the account (a teacher, a
+                # reference, a resume_from), after this one ended, with or without Shepherd.
+                return {**self.ids.program_value(answer), "path": trainer_path}
             tsampler = answer.get("sampling_session_id")
             if isinstance(tsampler, str) and op.sampler is not None:
                 self.ids.learn(tsampler, op.sampler.program_id)
@@ -772,8 +873,10 @@ class Core:
                 op.release()
 
     def _settle_snapshots(self, model: Model, ckpt: Checkpoint, gone: list[Op]) -> None:
-        """Snapshots leaving the redo log: made again from the checkpoint's sampler twin when
-        they hold its weights, else lost for a later trainer."""
+        """Snapshots leaving the redo log (each stays live on this trainer): made again on a
+        later one from the checkpoint's sampler twin when they hold its weights; from the
+        base model, or a model loaded as the program loaded it, when they hold the model's
+        first weights (a frozen reference, as DPO keeps); else lost for a later trainer."""
         left = {id(op) for op in gone}
         for sampler in self.samplers.values():
             snap = sampler.snap_op
@@ -782,6 +885,15 @@ class Core:
             if snap.wver == ckpt.wver:
                 sampler.kind = "path"
                 sampler.trainer_path = ckpt.record.sampler
+                sampler.snap_op = None
+            elif snap.wver == 0 and model.create.op == "create_model":
+                # A new model's first weights are its base model's: LoRA adapters start at
+                # zero (B = 0), and a full fine-tune starts from the base weights.
+                sampler.kind = "base"
+                sampler.base_model = self.settings.trainer_base_model
+                sampler.snap_op = None
+            elif snap.wver == 0 and model.create.op == "load_weights":
+                sampler.kind = "loaded"
                 sampler.snap_op = None
             else:
                 sampler.lost = (
@@ -808,6 +920,11 @@ class Core:
             return
         if sampler.lost is not None:
             raise Refused(400, "FAILED_PRECONDITION", sampler.lost)
+        if sampler.kind == "loaded":
+            async with sampler.lock:
+                if sampler.gen != self.gen or sampler.trainer_id is None:
+                    await self._sampler_from_load(sampler, up)
+            return
         if sampler.kind == "snapshot":
             model = sampler.model
             assert model is not None
@@ -836,7 +953,7 @@ class Core:
                 answer = await up.call("POST", "create_sampling_session", body)
             except PlatformError as exc:
                 if exc.status_code and 400 <= exc.status_code < 500:
-                    raise _refusal(exc) from None
+                    raise await self.refusal(up, exc) from None
                 raise
             if not self.live(up):
                 raise Detached("create_sampling_session")
@@ -844,10 +961,53 @@ class Core:
             sampler.gen = self.gen
             self.ids.learn(sampler.trainer_id, sampler.program_id)
 
+    async def _sampler_from_load(self, sampler: Sampler, up: Upstream) -> None:
+        """A snapshot of a loaded model's first weights, made again: the checkpoint loaded
+        into a scratch model as the program loaded it, saved for sampling, then unloaded."""
+        model = sampler.model
+        if model is None:
+            raise Refused(400, "FAILED_PRECONDITION", f"sampler {sampler.program_id}: no model")
+        tsession = await self.trainer_session(sampler.session, up)
+        mseq = sampler.session.next_model_seq
+        sampler.session.next_model_seq += 1
+        body = {k: v for k, v in model.create.body.items() if k not in ("seq_id", "type")}
+        if isinstance(body.get("path"), str):
+            body["path"] = self.ids.trainer_path(body["path"])
+        body.update({"session_id": tsession, "model_seq_id": mseq})
+        try:
+            ticket = await up.call("POST", "load_weights", body)
+            answer = await self.await_trainer(up, str(ticket["request_id"]))
+            if "error" in answer:
+                raise Refused(400, "FAILED_PRECONDITION", f"{answer['error']}")
+            scratch = str(answer.get("model_id") or ids.model_id(tsession, mseq))
+            save = {
+                "model_id": scratch,
+                "seq_id": 1,
+                "sampling_session_seq_id": sampler.session.next_sampler_seq,
+            }
+            sampler.session.next_sampler_seq += 1
+            ticket = await up.call("POST", "save_weights_for_sampler", save)
+            answer = await self.await_trainer(up, str(ticket["request_id"]))
+            if "error" in answer:
+                raise Refused(400, "FAILED_PRECONDITION", f"{answer['error']}")
+            with contextlib.suppress(PlatformError):
+                await up.call("POST", "unload_model", {"model_id": scratch})
+        except PlatformError as exc:
+            if exc.status_code and 400 <= exc.status_code < 500:
+                raise await self.refusal(up, exc) from None
+            raise
+        if not self.live(up):
+            raise Detached("sampler from a load")
+        sampler.trainer_id = str(answer["sampling_session_id"])
+        sampler.gen = self.gen
+        self.ids.learn(sampler.trainer_id, sampler.program_id)
+
     async def send_sample(self, op: Op, up: Upstream) -> None:
         body = dict(op.body)
         sampler = op.sampler
-        if sampler is not None and not sampler.lost:
+        if sampler is not None:
+            # Live on this trainer, or made again here; a sampler that cannot be made again
+            # is refused with its reason (never sent under the program's id).
             await self.ensure_sampler(sampler, up)
             body["sampling_session_id"] = sampler.trainer_id
         if isinstance(body.get("model_path"), str):
@@ -856,7 +1016,7 @@ class Core:
             ticket = await up.call("POST", "asample", body)
         except PlatformError as exc:
             if exc.status_code and 400 <= exc.status_code < 500:
-                raise _refusal(exc) from None
+                raise await self.refusal(up, exc) from None
             raise
         if not self.live(up):
             raise Detached("asample")

@@ -139,11 +139,8 @@ class IdMap:
         mapped = self._program.get(value)
         if mapped is not None:
             return mapped
-        parts = split_path(value)
-        if parts is not None:
-            run = self._program.get(parts[0])
-            if run is not None:
-                return f"{TINKER}{run}/{parts[1]}/{parts[2]}"
+        if split_path(value) is not None:
+            # Checkpoint paths stay the platform's: they outlive the job and its proxy.
             return value
         head, sep, tail = value.rpartition(":")
         if sep and tail.isdigit() and head in self._program:

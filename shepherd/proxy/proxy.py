@@ -18,6 +18,7 @@ from shepherd.proxy.app import HttpServer, create_app
 from shepherd.proxy.core import Core, job_step
 from shepherd.proxy.events import AttachResult, ProxyEvent, ProxyProgress
 from shepherd.proxy.settings import SWEEP_EVERY_S, ProxySettings
+from shepherd.proxy.state import Model
 from shepherd.proxy.upstream import Detached, TrainerGone, Upstream
 
 log = structlog.stdlib.get_logger("shepherd.proxy")
@@ -63,6 +64,13 @@ class ProgramProxy:
     @property
     def progress(self) -> ProxyProgress:
         return self._core.progress
+
+    @property
+    def restore_point(self) -> str | None:
+        """The checkpoint the job's model would be restored from now (its full name)."""
+        primary = self._core.primary()
+        checkpoint = primary.checkpoint if primary is not None else None
+        return checkpoint.record.name if checkpoint is not None else None
 
     @property
     def trainer_job_id(self) -> str | None:
@@ -118,7 +126,7 @@ class ProgramProxy:
             if core.account is None:
                 core.account = await self._platform.account_id()
             up = Upstream(self._platform, trainer_job_id, trainer, self.settings, self._race)
-            models = [m for m in core.models.values() if not m.closed]
+            models = [m for m in core.models.values() if core.live_model(m)]
             try:
                 async with contextlib.AsyncExitStack() as stack:
                     # Every model held while it is restored: the program's requests for it wait.
@@ -166,27 +174,13 @@ class ProgramProxy:
         if up is None or primary is None:
             core.detach("checkpoint for a pause")
             return primary.checkpoint.record if primary and primary.checkpoint else None
-        models = [m for m in core.models.values() if not m.closed and m.broken is None]
+        models = [m for m in core.models.values() if core.live_model(m) and m.broken is None]
         try:
             async with contextlib.AsyncExitStack() as stack:
                 for model in models:
                     await stack.enter_async_context(model.cond)
                 for model in models:
-                    await core.ensure_model(model, up)
-                    in_flight = [op for op in model.redo if op.gen == core.gen]
-                    in_flight += [c.state_op for c in model.pending]
-                    in_flight += [c.sampler_op for c in model.pending]
-                    await core.wait_executed(up, in_flight)
-                    core.truncate(model)
-                    current = model.checkpoint
-                    if current is None or current.wver != model.wver:
-                        ckpt = await core.issue_checkpoint(
-                            model, up, step=job_step(model), wver=model.wver, lpos=model.lpos
-                        )
-                        await core.wait_executed(up, [ckpt.state_op, ckpt.sampler_op])
-                        if not ckpt.saved:
-                            raise ProxyError(f"Shepherd's checkpoint {ckpt.name} failed")
-                        core.truncate(model)
+                    await self._checkpoint_model(model, up)
                 core.detach("checkpoint for a pause")
         except TrainerGone as exc:
             core.lose(up, exc)
@@ -195,6 +189,64 @@ class ProgramProxy:
             raise ProxyError("detached before the checkpoint was taken") from None
         checkpoint = primary.checkpoint
         return checkpoint.record if checkpoint is not None else None
+
+    async def final_checkpoint(self) -> CheckpointRecord | None:
+        """The program exited 0: Shepherd's checkpoint of the job's model at the weights the
+        program ended with — whether or not its SDK finished its session or unloaded the
+        model (the proxy kept it on the trainer for this) — and only then the end. With no
+        trainer attached (a preemption as the program exited) it waits for the one the
+        lifecycle brings back, restores the model there and checkpoints it. None: the
+        program made no model. Raises :class:`ProxyError` when the model cannot be saved
+        (it was broken): promoting an older checkpoint would name the wrong weights."""
+        core = self._core
+        primary = core.primary()
+        if primary is None:
+            return None
+        while True:
+            if primary.broken is not None:
+                raise ProxyError(f"the job's model cannot be checkpointed: {primary.broken}")
+            up = await core.wait_serving(float("inf"))
+            if up is None:  # (an infinite wait ends with a trainer)
+                continue
+            try:
+                async with primary.cond:
+                    await self._checkpoint_model(primary, up)
+            except TrainerGone as exc:
+                core.lose(up, exc)
+                continue
+            except Detached:
+                continue
+            checkpoint = primary.checkpoint
+            return checkpoint.record if checkpoint is not None else None
+
+    async def _checkpoint_model(self, model: Model, up: Upstream) -> None:
+        """After what is in flight for ``model`` (caller holds its ``cond``), its restore
+        point holds its current weights: a checkpoint is taken unless it already does."""
+        core = self._core
+        await core.ensure_model(model, up)
+        if model.broken is not None:
+            return
+        in_flight = [op for op in model.redo if op.gen == core.gen]
+        in_flight += [c.state_op for c in model.pending]
+        in_flight += [c.sampler_op for c in model.pending]
+        await core.wait_executed(up, in_flight)
+        core.truncate(model)
+        current = model.checkpoint
+        if current is None or current.wver != model.wver:
+            ckpt = await core.issue_checkpoint(
+                model, up, step=job_step(model), wver=model.wver, lpos=model.lpos
+            )
+            await core.wait_executed(up, [ckpt.state_op, ckpt.sampler_op])
+            if not ckpt.saved:
+                raise ProxyError(f"Shepherd's checkpoint {ckpt.name} failed")
+            core.truncate(model)
+
+    async def drain_events(self) -> None:
+        """Until every event emitted so far was handed to ``on_event``."""
+        # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(5.0):
+                await self._events.join()
 
     # ------------------------------------------------------------------ plumbing
 

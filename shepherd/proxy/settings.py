@@ -55,6 +55,10 @@ MAX_REDO_OPS: Final = 4096
 #: Program sampling sessions remembered (least recently used out): an RL program takes a
 #: new sampler every step; the trainer itself keeps 32. A forgotten one answers a clear 400.
 MAX_SAMPLERS: Final = 4096
+#: Tokens of sampled sequences whose log-probabilities the proxy keeps for provenance spans
+#: (~8 bytes each: 32 MiB). An RL step's spans name what it sampled in the same or the last
+#: few steps; a step of 64 prompts x 8 samples x 1,000 tokens is 0.5 M.
+MAX_KEPT_SEQUENCE_TOKENS: Final = 4_000_000
 #: Steps of history kept in :class:`~shepherd.proxy.events.ProxyProgress` (losses and
 #: digests): the workflow receives every step as an event, so this is only for a look at
 #: recent progress; 10,000 floats and hashes are ~1 MB.

@@ -228,7 +228,7 @@ class Model:
             del self.ops[seq]
 
 
-SamplerKind = Literal["base", "path", "snapshot"]
+SamplerKind = Literal["base", "path", "snapshot", "loaded"]
 
 
 @dataclass(eq=False)
@@ -246,8 +246,8 @@ class Sampler:
     #: ``snapshot``: the model and the save that took it.
     model: Model | None = None
     snap_op: Op | None = None
-    #: Why it cannot be made again (set when its snapshot left the redo log at other weights
-    #: than a checkpoint's).
+    #: Why it cannot be made again on a later trainer (set when its snapshot left the redo
+    #: log at other weights than a checkpoint's); it stays live on the trainer that has it.
     lost: str | None = None
     trainer_id: str | None = None
     gen: int = 0

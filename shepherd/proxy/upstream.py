@@ -95,6 +95,10 @@ class Upstream:
     async def state(self) -> JobState:
         return (await self.platform.get_job(self.trainer_job_id)).state
 
+    async def verify(self, why: str) -> None:
+        """Returns if the control plane says the job is RUNNING; raises TrainerGone if not."""
+        await self._verify(why, time.monotonic() + self._settings.call_timeout_s)
+
     async def _verify(self, why: str, deadline: float) -> None:
         """Returns if the job is RUNNING (the failure was the race or a blip); raises
         TrainerGone otherwise. A failing control plane is asked again until ``deadline``."""

@@ -40,7 +40,8 @@ def test_trainer_ids_of_every_generation_read_as_the_programs() -> None:
     m.learn("req-9", "pr-1")
     assert m.program_str("s2:train:3") == "ps-a:train:0"
     assert (
-        m.program_str("tinker://s1:train:0/weights/final") == "tinker://ps-a:train:0/weights/final"
+        # Checkpoint paths stay the platform's: they outlive the job and resolve anywhere.
+        m.program_str("tinker://s1:train:0/weights/final") == "tinker://s1:train:0/weights/final"
     )
     assert m.program_str("tinker://other:train:0/weights/x") == "tinker://other:train:0/weights/x"
     assert m.program_str("req-9:1") == "pr-1:1"  # a sampled sequence
@@ -236,20 +237,42 @@ def test_gradients_not_yet_applied_stay_in_the_redo_log() -> None:
     assert needs_redo(pending_grad) and not needs_redo(forward)
 
 
-def test_a_snapshot_leaving_the_log_is_made_from_the_checkpoint_or_lost() -> None:
+def test_a_snapshot_leaving_the_log_is_made_from_the_checkpoint_its_start_or_lost() -> None:
+    """Snapshots that leave the redo log stay live on their trainer; for a later one they
+    are made from the checkpoint's sampler twin (same weights), from the base model (a new
+    model's first weights: a frozen reference, as DPO keeps), or lost (other weights)."""
     core = _core()
     session = Session("s", {})
     model = Model("p", session, 0, Op("create_model", {}))
-    old_snap = _logged(core, model, "save_weights_for_sampler")  # at weights version 0
+    first = _logged(core, model, "save_weights_for_sampler")  # at weights version 0
     _logged(core, model, "forward_backward")
     _logged(core, model, "optim_step")
-    same_snap = _logged(core, model, "save_weights_for_sampler")  # at the checkpoint's
-    for name, snap in (("old", old_snap), ("same", same_snap)):
+    middle = _logged(core, model, "save_weights_for_sampler")  # at version 1
+    _logged(core, model, "forward_backward")
+    _logged(core, model, "optim_step")
+    same = _logged(core, model, "save_weights_for_sampler")  # at the checkpoint's
+    for name, snap in (("first", first), ("middle", middle), ("same", same)):
         sampler = Sampler(name, session, "snapshot", model=model, snap_op=snap)
         snap.sampler = sampler
         core.add_sampler(sampler)
     model.pending.append(_checkpoint(model))
     core.truncate(model)
-    old, same = core.samplers["old"], core.samplers["same"]
-    assert old.lost is not None and "older than Shepherd's checkpoint" in old.lost
-    assert same.lost is None and same.kind == "path" and same.trainer_path == "n-sampler"
+    samplers = core.samplers
+    assert samplers["first"].lost is None and samplers["first"].kind == "base"
+    assert samplers["first"].base_model == core.settings.trainer_base_model
+    lost = samplers["middle"].lost
+    assert lost is not None and "older than Shepherd's checkpoint" in lost
+    assert samplers["same"].lost is None and samplers["same"].kind == "path"
+    assert samplers["same"].trainer_path == "n-sampler"
+
+    # A model the program loaded from a checkpoint: its first weights are the load's.
+    loaded = Model("q", session, 1, Op("load_weights", {"path": "tinker://r/weights/x"}))
+    snap = _logged(core, loaded, "save_weights_for_sampler")
+    _logged(core, loaded, "forward_backward")
+    _logged(core, loaded, "optim_step")
+    sampler = Sampler("loaded", session, "snapshot", model=loaded, snap_op=snap)
+    snap.sampler = sampler
+    core.add_sampler(sampler)
+    loaded.pending.append(_checkpoint(loaded))
+    core.truncate(loaded)
+    assert sampler.lost is None and sampler.kind == "loaded"
