@@ -335,9 +335,36 @@ class JobHandle:
                 raise
             status = _from_visibility(self.id, desc, exc)
         failure = None
-        if desc.status not in (None, WorkflowExecutionStatus.RUNNING):
+        closed = desc.status not in (None, WorkflowExecutionStatus.RUNNING)
+        if closed:
             failure = await outcome.closing_failure(self._handle)
-        return outcome.reconcile(status, desc.status, failure)
+        status = outcome.reconcile(status, desc.status, failure)
+        if closed and status.cleanup != "done" and status.trainer_job_id:
+            await self._after_the_end(status, desc.close_time)
+        return status
+
+    async def _after_the_end(self, status: JobStatus, closed_at: datetime | None) -> None:
+        """A job that ended without deleting its trainer: what the platform state it last
+        saw is worth now, and whether the reaper has deleted the trainer since."""
+        from shepherd import reaper
+
+        assert status.trainer_job_id is not None
+        reaped = await reaper.deleted_by_reaper(
+            self._sh.client, self.id, status.trainer_job_id, closed_at=closed_at
+        )
+        if reaped is None:
+            if status.platform_state:
+                # The job's last word on its trainer, not the trainer's state now.
+                seen = f"{status.platform_message} " if status.platform_message else ""
+                status.platform_message = f"{seen}(last seen before the job ended)"
+            return
+        when = reaped.at.isoformat(timespec="seconds") if reaped.at else "?"
+        status.platform_state = "JOB_STATE_DELETED"
+        status.platform_message = f"deleted by the reaper at {when}"
+        status.cleanup = (
+            f"done by the reaper: trainer {status.trainer_job_id} deleted at {when} "
+            f"({reaped.trainer.reason}; pass {reaped.pass_id})"
+        )
 
     async def _live_step(self) -> int:
         """The last step a running chunk (or program) reported in its heartbeat (0: none)."""

@@ -21,7 +21,8 @@ else is not provably Shepherd's and is left alone.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+import asyncio
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -199,3 +200,73 @@ def duration_text(seconds: float) -> str:
     rest = whole % 60
     text = (f"{hours}h" if hours else "") + (f"{minutes}m" if minutes or not hours else "")
     return text + (f"{rest}s" if rest else "")
+
+
+# ------------------------------------------------------------------ what status asks
+
+
+#: Where ``status`` looks for the pass that deleted a closed job's trainer: the passes that
+#: closed after the job, window by window from its end (a pass deletes it within
+#: REAPER_GRACE + the period), at most this many passes' reports in all, so that the status
+#: of a job the reaper never touched stays one quick call.
+LOOKUP_WINDOWS = (timedelta(minutes=15), timedelta(hours=2), timedelta(days=1))
+LOOKUP_MAX_PASSES = 30
+
+
+class Reaped(BaseModel):
+    """A reaper pass deleted this trainer."""
+
+    pass_id: str
+    at: datetime | None = None
+    trainer: ReapedTrainer
+
+
+def _visibility_time(when: datetime) -> str:
+    return when.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+async def deleted_by_reaper(
+    client: Any,
+    workflow_id: str,
+    trainer_job_id: str,
+    *,
+    closed_at: datetime | None,
+    now: datetime | None = None,
+) -> Reaped | None:
+    """The reaper pass that deleted ``trainer_job_id``, the trainer of job ``workflow_id``
+    that closed at ``closed_at`` without deleting it; None if no pass (read within the
+    bounds) did."""
+    if closed_at is None:
+        return None
+    now = now or datetime.now(UTC)
+    start, budget = closed_at, LOOKUP_MAX_PASSES
+    for span in LOOKUP_WINDOWS:
+        if start > now or budget <= 0:
+            break
+        end = closed_at + span
+        query = (
+            f'WorkflowType = "{WORKFLOW_TYPE}" AND ExecutionStatus = "Completed" '
+            f'AND CloseTime >= "{_visibility_time(start)}" '
+            f'AND CloseTime < "{_visibility_time(end)}"'
+        )
+        passes = [ex async for ex in client.list_workflows(query, limit=budget)]
+        budget -= len(passes)
+        reports = await asyncio.gather(
+            *(
+                client.get_workflow_handle(
+                    ex.id, run_id=ex.run_id, result_type=ReaperReport
+                ).result()
+                for ex in passes
+            ),
+            return_exceptions=True,
+        )
+        for ex, report in zip(passes, reports, strict=True):
+            if not isinstance(report, ReaperReport):
+                continue  # unreadable (another version's report): not proof of anything
+            for trainer in report.deleted:
+                # Another backend's trainer may have the same id: the job must match too.
+                owner = trainer.workflow_id or workflow_id
+                if trainer.trainer_job_id == trainer_job_id and owner == workflow_id:
+                    return Reaped(pass_id=ex.id, at=report.finished_at, trainer=trainer)
+        start = end
+    return None

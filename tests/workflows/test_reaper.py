@@ -14,6 +14,7 @@ from typing import Any
 from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 
 from shepherd import reaper
+from shepherd.client import Shepherd
 from shepherd.models import JobInput
 from shepherd.phases import Phase
 from shepherd.reaper import ReaperInput, ReaperReport
@@ -160,3 +161,45 @@ async def test_the_grace_is_shown_and_a_manual_pass_uses_the_installed_one(stack
     alone = await run_cli("reaper", "run", "--dry-run", stack=stack)
     default = reaper.duration_text(reaper.REAPER_GRACE.total_seconds())
     assert f"grace {default} (the default: no reaper is installed)" in alone.stdout
+
+
+async def test_status_says_the_reaper_deleted_a_terminated_jobs_trainer(stack: Stack) -> None:
+    """Once a pass deleted it, a terminated job's status no longer says its trainer is up
+    (the last platform state the job saw) nor that it may still be live: it says the
+    reaper deleted it, when, and which pass."""
+    handle = await stack.start(stack.spec("reaped", trainer=SLOW, training={"total_steps": 400}))
+    trainer = (
+        await stack.until(
+            handle,
+            lambda s: s.phase is Phase.TRAINING and s.platform_state == JobState.RUNNING.value,
+        )
+    ).trainer_job_id
+    assert trainer
+    await handle.terminate(reason="an operator's terminate")
+    sh = Shepherd(stack.client, task_queue=stack.task_queue)
+    before = await sh.get(handle.id).status()
+    assert before.phase is Phase.TERMINATED and "may still be live" in before.cleanup
+    # What the job last saw of its trainer is said to be that, not the trainer's state now.
+    assert "last seen before the job ended" in before.platform_message
+
+    done = await _reap_now(stack, "status")
+    assert [t.trainer_job_id for t in done.deleted] == [trainer]
+    await wait_state(stack.account.client, trainer, JobState.DELETED)
+    async with asyncio.timeout(10):  # until visibility lists the pass as closed
+        while "reaper" not in (after := await sh.get(handle.id).status()).cleanup:
+            await asyncio.sleep(0.2)
+    assert after.phase is Phase.TERMINATED
+    assert after.platform_state == JobState.DELETED.value
+    assert "deleted by the reaper" in after.platform_message
+    assert after.cleanup.startswith(f"done by the reaper: trainer {trainer} deleted at")
+    assert "workflow TERMINATED" in after.cleanup and "reaper-status-" in after.cleanup
+
+    shown = await run_cli("status", handle.id, stack=stack)
+    assert shown.returncode == 0, shown.stderr
+    text = " ".join(shown.stdout.split())
+    assert "JOB_STATE_DELETED deleted by the reaper" in text
+    assert "trainer is up" not in text and "may still be live" not in text
+    assert "done by the reaper" in text
+    data = json.loads((await run_cli("status", handle.id, "--json", stack=stack)).stdout)
+    assert data["platform_state"] == JobState.DELETED.value
+    assert data["cleanup"].startswith("done by the reaper")
