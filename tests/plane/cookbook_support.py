@@ -7,7 +7,7 @@ Hugging Face hub (see /work/shared/cookbook-notes.md):
 * a tokenizer for its model name: :func:`hf_home` builds an HF cache whose
   ``Qwen/Qwen3-8B-Base`` is localplane's byte-level tokenizer (ids = UTF-8 bytes, 256 =
   ``<|endoftext|>``), which the cookbook's recommended renderer for that model
-  (``role_colon``) can use;
+  (``role_colon``) can use (shepherd.offline, as users and ``shepherd dev`` make it);
 * the environment of :func:`offline_env` (no hub, no dataset downloads, no telemetry) plus
   the endpoint and key (:func:`recipe_env`);
 * a recipe run as a user runs it: :func:`run_recipe`, a subprocess with a deadline whose
@@ -18,47 +18,28 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-from localplane.trainer.tokenizer import write_tokenizer_dir
+from shepherd import offline
 
 #: A model name in the cookbook's model table whose recommended renderer needs only
 #: encode, decode and an EOS id — which the byte-level tokenizer has.
 MODEL = "Qwen/Qwen3-8B-Base"
 RENDERER = "role_colon"
-#: A fixed snapshot id for the HF cache layout (any 40-hex string works offline).
-_SNAPSHOT = "0" * 40
 
 
 def hf_home(root: Path, model: str = MODEL) -> Path:
-    """An HF_HOME whose hub cache holds ``model``'s tokenizer (the byte-level one)."""
-    home = root / "hf-home"
-    repo = home / "hub" / f"models--{model.replace('/', '--')}"
-    snapshot = repo / "snapshots" / _SNAPSHOT
-    if not (snapshot / "tokenizer.json").exists():
-        source = write_tokenizer_dir(root / "byte-tokenizer")
-        snapshot.mkdir(parents=True, exist_ok=True)
-        for path in source.iterdir():
-            if path.is_file():
-                shutil.copyfile(path, snapshot / path.name)
-        # transformers 5 wants a config.json beside the tokenizer; an empty one is enough.
-        (snapshot / "config.json").write_text(json.dumps({}))
-        (repo / "refs").mkdir(parents=True, exist_ok=True)
-        (repo / "refs" / "main").write_text(_SNAPSHOT)
-    return home
+    """An HF_HOME whose hub cache holds ``model``'s tokenizer (the byte-level one), written as
+    users write it (shepherd.offline)."""
+    return offline.write_hf_cache(root / "hf-home", model)
 
 
 def offline_env(home: Path) -> dict[str, str]:
     """What keeps a recipe off the network: no hub, no dataset downloads, no telemetry."""
     return {
-        "HF_HOME": str(home),
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "TINKER_TELEMETRY": "0",
+        **offline.offline_env(home),
         # The cookbook fetches a pricing file with a 5 s timeout; nothing answers offline.
         "NO_PROXY": "*",
     }
