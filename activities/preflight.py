@@ -5,16 +5,21 @@ The submitting client validates the spec and asks the task queue's pollers what 
 serve, but it holds no platform key and sees no worker's disk. This activity, on a worker
 of the job's queue, checks the rest: the loop is registered here and reports the tracked
 metric, the dataset is readable here and parses, the base model exists on the backend for
-this account. Every problem is reported at once, each as ``field: rule``; the job then fails
-before it is provisioned.
+this account; a program job's program is registered here, its arguments leave alone what
+its registration fixes, and the tokenizer its model argument names loads on an offline worker.
+Every problem is reported at once, each as ``field: rule``; the job then fails before it is
+provisioned.
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
+
 from temporalio import activity
 
 from activities.base import ClientProvider, log, refusal, translate
-from shepherd import datasets, loops, programs
+from shepherd import datasets, loops, offline, programs
 from shepherd.models import PreflightInput
 from shepherd.platform import NotFound, PermissionDenied, PlatformError, rules
 from workflows import policies
@@ -30,10 +35,7 @@ class PreflightActivities:
         if inp.loop is not None:
             problems += _loop_problems(inp)
         if inp.program is not None:
-            try:
-                programs.resolve(inp.program).check_args(inp.args)
-            except programs.ProgramError as exc:
-                problems.append((policies.LOOP_ERROR, str(exc)))
+            problems += await _program_problems(inp)
         if inp.dataset is not None and (
             problem := datasets.check_readable(inp.dataset, inp.validation_split)
         ):
@@ -92,3 +94,30 @@ def _loop_problems(inp: PreflightInput) -> list[tuple[str, str]]:
             )
         ]
     return []
+
+
+async def _program_problems(inp: PreflightInput) -> list[tuple[str, str]]:
+    assert inp.program is not None
+    try:
+        program = programs.resolve(inp.program)
+    except programs.ProgramError as exc:
+        return [(programs.INVALID_PROGRAM, str(exc))]
+    problems = [
+        (programs.INVALID_PROGRAM, f"{field}: {rule}")
+        for field, rule in program.arg_problems(inp.args)
+    ]
+    if problem := program.problem():
+        problems.append((programs.INVALID_PROGRAM, f"training.program: {problem}"))
+    model = program.model_name(inp.args)
+    # The environment the program gets (a registration's env may name another cache); in a
+    # thread: loading a real tokenizer takes a moment (once per model and cache).
+    env = {**os.environ, **program.env}
+    if (
+        model is not None
+        and not problems
+        and (problem := await asyncio.to_thread(offline.tokenizer_problem, model, env))
+    ):
+        problems.append(
+            (programs.TOKENIZER_MISSING, f"training.args.{program.model_arg}: {problem}")
+        )
+    return problems

@@ -21,6 +21,14 @@ Where programs come from:
   "log_dir_arg": "log_path", "total_steps_arg": "max_steps", "model_arg": "model_name",
   "env": {"K": "v"}}``.
 
+A tinker-cookbook recipe registered by hand (``"module": "tinker_cookbook.recipes..."``) whose
+config has a ``behavior_if_log_dir_exists`` field gets ``behavior_if_log_dir_exists=resume``
+unless its registration fixes another value (:func:`with_cookbook_defaults`): the field's
+default, "ask", reads stdin when the log directory exists, and a job's always does (Shepherd
+makes it first, and a restarted program must go on from its own checkpoints there). A recipe
+that asks without such a field (``sl_basic``, ``rl_basic``) cannot run as a job: its jobs are
+refused before any trainer exists (:meth:`Program.problem`).
+
 Where a job's log directory lives: ``<SHEPHERD_PROGRAM_DIR>/<workflow id>`` (a shared volume
 in production, so the program restarted on another worker finds its own checkpoints there),
 else ``<state dir>/programs/<workflow id>`` of the worker. A retried job (``shepherd retry``)
@@ -30,10 +38,13 @@ that resumes from its own checkpoints goes on from the failed job's last one.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import importlib.metadata
 import importlib.util
 import json
 import os
+import re
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -47,6 +58,19 @@ ENV_VAR = "SHEPHERD_PROGRAMS"
 DIR_ENV_VAR = "SHEPHERD_PROGRAM_DIR"
 #: The program's output, one stamped line each, in its log directory (``shepherd logs``).
 OUTPUT_FILE = "program.log"
+#: Written when the program exited 0 (with Shepherd's final checkpoint once it is saved): a
+#: later attempt of the same job never starts the program again. Not copied into a retry.
+EXIT_FILE = "shepherd-exit.json"
+
+
+#: The error type of a job refused at its preflight for its program: not registered on the
+#: worker, arguments its registration fixes, a recipe that cannot run as a job.
+INVALID_PROGRAM = "InvalidProgram"
+#: ... or for the tokenizer its ``model_arg`` names, which an offline worker does not have.
+TOKENIZER_MISSING = "TokenizerMissing"
+#: The cookbook's switch for an existing log directory, and what a job needs of it.
+LOG_DIR_BEHAVIOR = "behavior_if_log_dir_exists"
+RESUME = f"{LOG_DIR_BEHAVIOR}=resume"
 
 
 class ProgramError(ValueError):
@@ -84,26 +108,70 @@ class Program:
     @property
     def fixed_keys(self) -> set[str]:
         """The keys a job may not set: the registration's own and the log directory's."""
-        keys = {a.split("=", 1)[0] for a in self.args if "=" in a}
+        return set(self.fixed_values())
+
+    def fixed_values(self) -> dict[str, str]:
+        """Each key a job may not set, with what the registration passes for it."""
+        fixed = {}
+        for arg in self.args:
+            key, sep, value = arg.partition("=")
+            if sep:
+                fixed[key] = f"{key}={value}"
         if self.log_dir_arg:
-            keys.add(self.log_dir_arg)
-        return keys
+            fixed[self.log_dir_arg] = "the job's log directory"
+        return fixed
+
+    def arg_problems(self, args: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """What the registration refuses of a job's arguments, each as (field, rule)."""
+        fixed = self.fixed_values()
+        problems = [
+            (
+                f"training.args.{key}",
+                f"is fixed by the registration of program {self.name!r} (Shepherd passes "
+                f"{fixed[key]}); leave it out",
+            )
+            for key in sorted(set(fixed) & set(args))
+        ]
+        problems += [
+            ("training.args", f"{key!r} is not a key=value key")
+            for key in args
+            if not PROGRAM_ARG_KEY.match(key)
+        ]
+        return problems
+
+    def problem(self) -> str | None:
+        """Why no job can run this program at all (None: it can), for ``training.program``."""
+        if self.module and _asks_on_stdin(self.module):
+            return (
+                f"program {self.name!r} runs {self.module}, which asks on its stdin what to do "
+                "when its log directory exists (it takes no behavior_if_log_dir_exists), and "
+                "that directory exists when a job starts it (Shepherd makes the job's first; "
+                "the recipe's default one exists from its first run on): without a stdin, the "
+                "question ends it (EOFError). Register a recipe that takes "
+                "behavior_if_log_dir_exists instead (tinker_cookbook.recipes.chat_sl.train "
+                "for SFT, tinker_cookbook.recipes.math_rl.train for RL) or your own script"
+            )
+        return None
 
     def check_args(self, args: Mapping[str, Any]) -> None:
-        taken = sorted(self.fixed_keys & set(args))
-        if taken:
-            raise ProgramError(
-                f"training.args: {', '.join(taken)} set by program {self.name!r}'s registration "
-                "(Shepherd passes them); leave them out"
-            )
-        for key in args:
-            if not PROGRAM_ARG_KEY.match(key):
-                raise ProgramError(f"training.args: {key!r} is not a key=value key")
+        problems = self.arg_problems(args)
+        if problems:
+            raise ProgramError("; ".join(f"{field}: {rule}" for field, rule in problems))
 
     def model_names(self, args: Mapping[str, Any]) -> list[str]:
         """Names the program may give the trainer's base model (its ``model_arg``)."""
         value = args.get(self.model_arg) if self.model_arg else None
         return [str(value)] if isinstance(value, str) and value else []
+
+    def model_name(self, args: Mapping[str, Any]) -> str | None:
+        """The model the program picks its tokenizer by: the job's ``model_arg``, else the
+        registration's fixed one (None: the program's own default, unknown here)."""
+        if self.model_arg is None:
+            return None
+        value = args.get(self.model_arg)
+        if value is None:
+            value = self.fixed_values().get(self.model_arg, "").partition("=")[2] or None
+        return str(value) if isinstance(value, str) and value else None
 
     def total_steps(self, args: Mapping[str, Any]) -> int | None:
         """The total its arguments give (the registration's ``total_steps_arg``), if any."""
@@ -180,7 +248,7 @@ def _text(value: Any) -> str:
 def _cookbook() -> dict[str, Program]:
     if importlib.util.find_spec("tinker_cookbook") is None:
         return {}
-    resume = "behavior_if_log_dir_exists=resume"
+    resume = RESUME
     return {
         "cookbook-chat-sl": Program(
             name="cookbook-chat-sl",
@@ -203,6 +271,61 @@ def _cookbook() -> dict[str, Program]:
     }
 
 
+def _module_source(module: str) -> str | None:
+    """The source of ``module`` (``python -m`` runs it), found without importing it: a
+    recipe's imports (torch, transformers) cost seconds."""
+    top, _, rest = module.partition(".")
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return None
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        base = Path(location, *rest.split(".")) if rest else Path(location)
+        for candidate in (base.with_suffix(".py"), base / "__init__.py", base / "__main__.py"):
+            try:
+                return candidate.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError):
+                continue
+    return None
+
+
+#: A chz config field of the recipe (``behavior_if_log_dir_exists: LogdirBehavior = "ask"``).
+_BEHAVIOR_FIELD = re.compile(rf"^\s+{LOG_DIR_BEHAVIOR}\s*:", re.MULTILINE)
+#: A recipe that asks whatever its arguments say (``check_log_dir(..., behavior_if_exists="ask")``).
+_ASKS = re.compile(r"check_log_dir\([^)]*behavior_if_exists\s*=\s*[\"']ask[\"']", re.DOTALL)
+
+
+@functools.lru_cache(maxsize=256)
+def _cookbook_log_dir(module: str) -> str | None:
+    """How a tinker-cookbook recipe treats an existing log directory: "field" (its config
+    takes behavior_if_log_dir_exists), "asks" (it asks on stdin, whatever its arguments say),
+    None (not a cookbook recipe, or neither)."""
+    if not module.startswith("tinker_cookbook."):
+        return None
+    source = _module_source(module) or ""
+    if _BEHAVIOR_FIELD.search(source):
+        return "field"
+    return "asks" if _ASKS.search(source) else None
+
+
+def _asks_on_stdin(module: str) -> bool:
+    return _cookbook_log_dir(module) == "asks"
+
+
+def with_cookbook_defaults(program: Program) -> Program:
+    """``program`` with ``behavior_if_log_dir_exists=resume`` fixed when it runs a cookbook
+    recipe that takes it and the registration fixes no value: the recipe's default ("ask")
+    reads stdin, which a job's program does not have, when its log directory exists — and a
+    job's always does."""
+    if (
+        program.module is None
+        or LOG_DIR_BEHAVIOR in program.fixed_values()
+        or _cookbook_log_dir(program.module) != "field"
+    ):
+        return program
+    return dataclasses.replace(program, args=(RESUME, *program.args))
+
+
 def registered(env: Mapping[str, str] | None = None) -> dict[str, Program]:
     """Every program this worker knows, by name."""
     env = os.environ if env is None else env
@@ -222,7 +345,7 @@ def registered(env: Mapping[str, str] | None = None) -> dict[str, Program]:
             raise ProgramError(f"{ENV_VAR}: must be a JSON object, name -> registration")
         for name, registration in data.items():
             found[name] = Program.from_mapping(name, registration)
-    return found
+    return {name: with_cookbook_defaults(program) for name, program in found.items()}
 
 
 def resolve(name: str, env: Mapping[str, str] | None = None) -> Program:
@@ -258,6 +381,6 @@ def seed_log_dir(directory: Path, source: Path) -> bool:
         return False
     staging = directory.with_name(f"{directory.name}.seeding")
     shutil.rmtree(staging, ignore_errors=True)
-    shutil.copytree(source, staging, ignore=shutil.ignore_patterns(OUTPUT_FILE))
+    shutil.copytree(source, staging, ignore=shutil.ignore_patterns(OUTPUT_FILE, EXIT_FILE))
     staging.rename(directory)
     return True

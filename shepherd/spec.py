@@ -745,7 +745,28 @@ def submission_problems(spec: JobSpec) -> list[SpecProblem]:
     for key, label in spec.labels.items():
         if problem := label_problem(key, label):
             refuse("labels", problem)
+    if tr.program is not None:
+        problems += _program_problems(tr.program, tr.args)
     return problems
+
+
+def _program_problems(name: str, args: dict[str, Any]) -> list[SpecProblem]:
+    """The program's registration's rules (the keys it fixes; a recipe no job can run), where
+    this process knows the program from the registry the workers read (built in, entry
+    points, SHEPHERD_PROGRAMS). A program it does not know is the workers' to judge: the
+    submission asks them whether they have it, and the job's preflight checks the rest."""
+    from shepherd import programs  # it imports this module
+
+    try:
+        program = programs.registered().get(name)
+    except programs.ProgramError:
+        return []  # this process's registry is unreadable; the workers' is what counts
+    if program is None:
+        return []
+    found = [SpecProblem(field=field, rule=rule) for field, rule in program.arg_problems(args)]
+    if problem := program.problem():
+        found.append(SpecProblem(field="training.program", rule=problem))
+    return found
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

@@ -5,6 +5,7 @@ one argv item, never a shell line; keys the registration fixes cannot be set).""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -202,3 +203,129 @@ def test_a_sweep_varies_a_programs_arguments() -> None:
             }
         )
     assert "training.args" in str(refused.value)
+
+
+# ------------------------------------------- what the registration fixes, refused at submission
+
+SCRIPT_REGISTRATION = {
+    "tinker-sft": {"script": "/opt/sft.py", "log_dir_arg": "log_dir", "args": ["seed=3"]}
+}
+
+
+@pytest.mark.parametrize(
+    ("program", "key", "passed"),
+    [
+        ("tinker-sft", "log_dir", "the job's log directory"),
+        ("tinker-sft", "seed", "seed=3"),
+        ("cookbook-chat-sl", "log_path", "the job's log directory"),
+        ("cookbook-chat-sl", "behavior_if_log_dir_exists", "behavior_if_log_dir_exists=resume"),
+    ],
+)
+def test_an_argument_the_registration_fixes_is_refused_at_submission(
+    monkeypatch: pytest.MonkeyPatch, program: str, key: str, passed: str
+) -> None:
+    """Where the submitting process knows the program (the registry the workers read), a key
+    its registration fixes is a SpecError naming ``training.args.<key>`` and the rule, as
+    ``shepherd validate`` and ``submit`` show it, not a worker's failure later."""
+    monkeypatch.setenv(programs.ENV_VAR, json.dumps(SCRIPT_REGISTRATION))
+    with pytest.raises(SpecError) as refused:
+        _spec(program=program, args={key: "x", "max_steps": 4})
+    [problem] = refused.value.problems
+    assert problem.field == f"training.args.{key}"
+    assert problem.rule == (
+        f"is fixed by the registration of program {program!r} (Shepherd passes {passed}); "
+        "leave it out"
+    )
+    # A program this process does not know is the workers' to judge.
+    assert _spec(program="elsewhere", args={key: "x"}).training.args == {key: "x"}
+
+
+def test_shepherd_validate_names_the_fixed_argument(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    import yaml
+
+    spec = tmp_path / "job.yaml"
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "name": "prog",
+                "trainer": {"base_model": "accounts/fireworks/models/qwen3-8b"},
+                "training": {"program": "tinker-sft", "args": {"log_dir": "/tmp/mine"}},
+                "output": {"model_id": "prog-model"},
+            }
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "shepherd.cli.main", "validate", str(spec)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, programs.ENV_VAR: json.dumps(SCRIPT_REGISTRATION)},
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "training.args.log_dir: is fixed by the registration of program 'tinker-sft'" in (
+        done.stderr
+    )
+
+
+def test_the_workers_check_words_it_as_the_submission_does() -> None:
+    program = programs.Program(name="tinker-sft", script="/opt/sft.py", log_dir_arg="log_dir")
+    with pytest.raises(programs.ProgramError) as refused:
+        program.check_args({"log_dir": "x", "bad key": 1})
+    assert str(refused.value) == (
+        "training.args.log_dir: is fixed by the registration of program 'tinker-sft' (Shepherd "
+        "passes the job's log directory); leave it out; training.args: 'bad key' is not a "
+        "key=value key"
+    )
+
+
+# ---------------------------------------------------- cookbook recipes registered by hand
+
+
+def _by_hand(module: str, **fields: Any) -> programs.Program:
+    env = {programs.ENV_VAR: json.dumps({"mine": {"module": module, **fields}})}
+    return programs.registered(env)["mine"]
+
+
+@pytest.mark.parametrize(
+    "module", ["tinker_cookbook.recipes.chat_sl.train", "tinker_cookbook.recipes.math_rl.train"]
+)
+def test_a_cookbook_recipe_registered_by_hand_resumes_instead_of_asking(module: str) -> None:
+    """The recipe's ``behavior_if_log_dir_exists`` defaults to "ask", which reads stdin when
+    the log directory exists; a job's always does (Shepherd makes it), so the hand-made
+    registration died at once with EOFError. It resumes, as the built-in ones do."""
+    program = _by_hand(module, log_dir_arg="log_path")
+    argv = program.command("/py", {"max_steps": 3}, Path("/logs/j"))
+    assert argv == [
+        "/py",
+        "-m",
+        module,
+        "behavior_if_log_dir_exists=resume",
+        "max_steps=3",
+        "log_path=/logs/j",
+    ]
+    assert program.problem() is None and "behavior_if_log_dir_exists" in program.fixed_keys
+    # The registration's own choice stands; modules outside the cookbook are not touched.
+    chosen = _by_hand(module, args=["behavior_if_log_dir_exists=raise"])
+    assert chosen.args == ("behavior_if_log_dir_exists=raise",)
+    assert _by_hand("pkg.train").args == ()
+
+
+@pytest.mark.parametrize(
+    "module", ["tinker_cookbook.recipes.sl_basic", "tinker_cookbook.recipes.rl_basic"]
+)
+def test_a_cookbook_recipe_that_always_asks_is_refused_before_anything_runs(
+    monkeypatch: pytest.MonkeyPatch, module: str
+) -> None:
+    """sl_basic and rl_basic ask on stdin whatever their arguments say: no job can run them,
+    and a submission says so, naming what to register instead."""
+    registration = {"basic": {"module": module, "log_dir_arg": "log_path"}}
+    monkeypatch.setenv(programs.ENV_VAR, json.dumps(registration))
+    with pytest.raises(SpecError) as refused:
+        _spec(program="basic")
+    [problem] = refused.value.problems
+    assert problem.field == "training.program"
+    assert "asks on its stdin" in problem.rule and "chat_sl.train" in problem.rule

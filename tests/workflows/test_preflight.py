@@ -168,3 +168,69 @@ async def test_a_sweep_whose_model_exists_runs_no_trial(stack: Stack) -> None:
     as_sweep = await run_cli("sweep", "status", taken.id, stack=stack)
     assert as_sweep.returncode == 2 and "is a job" in as_sweep.stderr
     assert "pydantic" not in as_sweep.stderr
+
+
+async def test_the_first_activity_refuses_a_program_it_cannot_run_as_asked(
+    stack: Stack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A program job whose submitter did not know the program (so nothing refused it there):
+    the worker refuses, before any trainer, an argument the registration fixes, a recipe that
+    asks on stdin, a program it does not have, and (offline) a model whose tokenizer it does
+    not have — each with a program's error type and the field."""
+    base = {"base_model": "accounts/fireworks/models/qwen3-8b"}
+    args: dict[str, dict[str, Any]] = {
+        "fixed": {"log_dir": "/tmp/mine", "steps": 4},
+        "asks": {},
+        "unknown": {},
+        "tokenizer": {"model_name": "Qwen/Qwen3-8B-Base"},
+    }
+    program = {"fixed": "tinker-sft", "asks": "basic", "unknown": "nowhere", "tokenizer": "chat"}
+    # Specs made before the registrations exist in this (the submitter's) process.
+    specs = {
+        case: stack.spec(
+            f"prog-{case}",
+            trainer=base,
+            training={"total_steps": None, "program": program[case], "args": args[case]},
+            checkpoint={"every_steps": 2},
+            output={"promote": "none"},
+        )
+        for case in args
+    }
+    registrations = {
+        "tinker-sft": {"script": "/opt/sft.py", "log_dir_arg": "log_dir"},
+        "basic": {"module": "tinker_cookbook.recipes.sl_basic", "log_dir_arg": "log_path"},
+        "chat": {
+            "module": "tinker_cookbook.recipes.chat_sl.train",
+            "log_dir_arg": "log_path",
+            "model_arg": "model_name",
+        },
+    }
+    monkeypatch.setenv("SHEPHERD_PROGRAMS", json.dumps(registrations))
+    empty = tmp_path / "empty-hf-home"
+    empty.mkdir()
+    monkeypatch.setenv("HF_HOME", str(empty))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    creates = (await stack.admin.stats())["creates"]
+    handles = {case: await stack.start(spec) for case, spec in specs.items()}
+    expected = {
+        "fixed": (
+            "InvalidProgram",
+            "training.args.log_dir: is fixed by the registration of program 'tinker-sft' "
+            "(Shepherd passes the job's log directory); leave it out",
+        ),
+        "asks": ("InvalidProgram", "training.program: program 'basic' runs"),
+        "unknown": ("InvalidProgram", "training.program: no program 'nowhere' is registered"),
+        "tokenizer": ("TokenizerMissing", "training.args.model_name: the worker is offline"),
+    }
+    for case, (kind, text) in expected.items():
+        with pytest.raises(WorkflowFailureError) as failed:
+            await handles[case].result()
+        cause = failed.value.cause
+        assert getattr(cause, "type", None) == kind, (case, cause)
+        assert text in str(cause) and "''" not in str(cause), (case, str(cause))
+        status = await stack.status(handles[case])
+        assert status.phase is Phase.FAILED and status.trainer_job_id is None, case
+        if case == "tokenizer":  # and how to get one
+            assert 'README, "Tokenizers offline"' in str(cause)
+            assert "python -m shepherd.offline" in str(cause), str(cause)
+    assert (await stack.admin.stats())["creates"] == creates  # no trainer, not one
