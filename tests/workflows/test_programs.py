@@ -53,7 +53,10 @@ async def programs_env(
                     "script": str(SCRIPT),
                     "total_steps_arg": "steps",
                     "log_dir_arg": "log_dir",
-                }
+                },
+                # The fireworks-ai fork's client, and a program that trains nothing.
+                "fork-loop": {"module": "tests.workflows.fork_program", "total_steps_arg": "steps"},
+                "idle": {"module": "tests.workflows.idle_program"},
             }
         ),
     )
@@ -66,15 +69,20 @@ async def programs_env(
 
 
 def sft_spec(
-    stack: Stack, name: str, steps: int = 12, args: dict[str, Any] | None = None, **sections: Any
+    stack: Stack,
+    name: str,
+    steps: int = 12,
+    args: dict[str, Any] | None = None,
+    program: str = "tinker-sft",
+    **sections: Any,
 ) -> Any:
     return stack.spec(
         name,
         trainer={"base_model": BASE, "lora_rank": 4, "extra_args": ["--compute-delay-ms=40"]},
         training={
             "total_steps": None,
-            "program": "tinker-sft",
-            "args": {"steps": steps, **(args or {})},
+            "program": program,
+            "args": {"steps": steps, **(args or {})} if program != "idle" else {},
         },
         checkpoint={"every_steps": 4, "keep_last": 2},
         **sections,
@@ -148,6 +156,56 @@ async def test_a_plain_tinker_script_runs_unchanged_as_a_job(
             await stop(proc)
         await client.delete_job(job_id)
     assert per_step(direct.lines) == per_step(out)
+
+
+@pytest.mark.parametrize(
+    ("program", "steps"),
+    [("tinker-sft", 8), ("tinker-sft", 10), ("fork-loop", 4), ("fork-loop", 7)],
+    ids=["tinker-multiple", "tinker-not-multiple", "fork-multiple", "fork-not-multiple"],
+)
+async def test_the_promoted_model_is_the_weights_the_program_ended_with(
+    stack: Stack, programs_env: Path, program: str, steps: int
+) -> None:
+    """Whatever the step total (a multiple of the checkpoint interval or not) and whichever
+    SDK (each finishes its session on the way out): the job completes, its program started
+    once, its last checkpoint is the program's last step, and the promoted model's weights
+    are the ones the program ended with — by digest. ``keep_last`` holds on the plane."""
+    name = f"last-{program}-{steps}"
+    spec = sft_spec(stack, name, steps=steps, program=program)
+    handle = await stack.start(spec)
+    async with asyncio.timeout(240):
+        final: JobStatus = await handle.result()
+    assert final.phase is Phase.COMPLETED and final.step == steps
+    assert await program_starts(handle) == 1
+    assert final.checkpoints[-1].step == steps
+    out = printed(programs_env, handle)
+    ended = [line for line in out if "final" in line]
+    assert len(ended) == 1 and ended[0]["digest"]
+    assert await promoted_digest(stack, name) == ended[0]["digest"]
+    # The tracked metric's curve: a program's training loss at each checkpoint.
+    assert [p.step for p in final.eval_curve][-1] == steps
+    # checkpoint.keep_last (2): the last two, and the best, are all that is kept.
+    listed = await stack.account.client.list_checkpoints(final.trainer_job_id or "")
+    kept = {c.name.rsplit("/", 1)[-1].removesuffix("-sampler") for c in listed.checkpoints}
+    kept = {n for n in kept if n.startswith("step-")}
+    assert kept == {c.name.rsplit("/", 1)[-1] for c in final.checkpoints}
+    assert 1 <= len(kept) <= 3, kept
+
+
+async def test_a_program_that_trains_nothing_fails_promotion_at_once(
+    stack: Stack, programs_env: Path
+) -> None:
+    """``promote: last`` and no checkpoint: the job fails saying why (it must not hang in
+    EVALUATING on a failed workflow task), and its trainer is deleted."""
+    spec = sft_spec(stack, "idle", program="idle", output={"promote": "last"})
+    handle = await stack.start(spec)
+    with pytest.raises(WorkflowFailureError):
+        async with asyncio.timeout(120):
+            await handle.result()
+    status = await stack.status(handle)
+    assert status.phase is Phase.FAILED and status.error is not None
+    assert status.error.type == "NoCheckpoint" and "output.promote" in status.error.message
+    assert status.cleanup == "done"
 
 
 async def until_printed(directory: Path, handle: WorkflowHandle[Any, Any], step: int) -> None:
