@@ -40,9 +40,10 @@ plus redo log.
    answered now. Sample requests the lost trainer had not answered are sent again on the
    sampler made again from the same weights: the trainer's default seed is a function of
    the weights and the request, so the answer is the one the program would have had.
-5. *The program's ids stay.* Sessions, models, sampling sessions, futures, sampled
-   sequences and ``tinker://`` checkpoint paths are the proxy's (:mod:`.ids`), mapped onto
-   each trainer generation's; the program's view does not change.
+5. *The program's ids stay.* Sessions, models, sampling sessions, futures and sampled
+   sequences are the proxy's (:mod:`.ids`), mapped onto each trainer generation's; the
+   program's view does not change. Checkpoint paths are the platform's (they outlive the
+   job).
 
 Exactly once: a program's resent request (same ``seq_id``, same body) gets the same
 future; a different body at a used ``seq_id`` is refused, as the trainer refuses it. Every
@@ -69,12 +70,19 @@ sees it), :mod:`.app` (HTTP, auth, dialects), :mod:`.upstream` (the trainer, the
 race), :mod:`.ids`, :mod:`.state`, :mod:`.settings` (every bound, with its reason),
 :mod:`.events`.
 
-What a program cannot count on across a trainer loss (and what it gets instead): a
-sampler snapshot taken before the last checkpoint at other weights than it is lost (a
-clear 400 names it; samplers from checkpoint paths and the base model are always made
-again); provenance spans naming sequences sampled on a lost trainer (the trainer's record
-of them is gone); a direct call held longer than
-:data:`~shepherd.proxy.settings.DIRECT_HOLD_S` is answered 503, which the SDKs retry.
+What a program keeps across Shepherd's checkpoints and a trainer loss: every sampler it
+holds stays live on the trainer that has it; on a new trainer a sampler is made again from
+its base model, its checkpoint path, a snapshot in the redo log, a checkpoint's sampler twin,
+or — for a snapshot of a model's first weights (a frozen reference, as DPO keeps) — from the
+base model or the checkpoint the model was loaded from. Only a snapshot taken before the last
+checkpoint at other weights than that checkpoint's cannot be made again after a loss (a clear
+400 names it). Provenance spans (``stable_reinforce``'s recorded sequences) travel as the
+``logprobs`` they name, which the proxy kept from the samples: they mean the same on every
+trainer. ``tinker://`` paths are the platform's own: they work in any job of the account,
+after this one ended. The job's model is kept on the trainer after the program finishes its
+session, so the final checkpoint holds the weights the program ended with. A direct call held
+longer than :data:`~shepherd.proxy.settings.DIRECT_HOLD_S` is answered 503, which the SDKs
+retry.
 """
 
 from shepherd.proxy.events import (

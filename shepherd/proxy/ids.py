@@ -2,11 +2,12 @@
 
 A program holds ids the proxy gave it — sessions ``ps-…``, models ``{session}:train:{n}``
 (the tinker SDK derives a model's id from its session and number itself), sampling sessions
-``{session}:sample:{n}``, futures ``pr-…``, sampled sequences ``{future}:{i}``, checkpoint
-paths ``tinker://{model}/weights/{name}`` — and keeps them for its whole life. Each trainer
-generation has ids of its own. :class:`IdMap` turns trainer ids in an answer into the
-program's (every generation's, so a path saved two trainers ago still reads as the program
-saw it) and the program's checkpoint paths back into the trainer path that names the file.
+``{session}:sample:{n}``, futures ``pr-…``, sampled sequences ``{future}:{i}`` — and keeps
+them for its whole life. Each trainer generation has ids of its own. :class:`IdMap` turns
+trainer ids in an answer into the program's (every generation's). Checkpoint paths are the
+platform's own ``tinker://{trainer run}/weights/{name}``, handed to the program as the save
+answered them: they outlive the proxy and resolve in any job; a path a program builds from
+its model id (or one an older proxy handed out) is mapped back to the trainer path.
 """
 
 from __future__ import annotations
