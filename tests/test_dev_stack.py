@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from shepherd import reaper
+from shepherd import offline, reaper
 from shepherd.jobs import start_job
 from shepherd.phases import Phase
 from shepherd.spec import validate_spec
@@ -87,6 +87,16 @@ async def test_dev_brings_everything_up_runs_a_job_and_stops_cleanly(tmp_path: P
         assert httpx.get(info["ui"], timeout=5).status_code == 200  # the Web UI
         assert httpx.get(f"{info['plane']}/healthz", timeout=5).status_code == 200
         assert all(_alive(pid) for pid in info["pids"].values())
+        # Its worker's programs read the byte-level tokenizer, under the examples' model
+        # name, from the stack's own Hugging Face cache, never from the Hub.
+        worker_env = dict(
+            item.split("=", 1)
+            for item in Path(f"/proc/{info['pids']['worker']}/environ").read_text().split("\0")
+            if "=" in item
+        )
+        assert worker_env["HF_HOME"] == info["hf_home"] == str((state / "hf-home").resolve())
+        assert worker_env["HF_HUB_OFFLINE"] == "1"
+        assert offline.tokenizer_problem("Qwen/Qwen3-8B-Base", worker_env) is None
 
         client = await connect(TemporalSettings(address=info["temporal"]))
         spec = validate_spec(

@@ -25,7 +25,7 @@ import httpx
 
 from localplane.plane import API_KEY_FILE
 from localplane.process import PlaneProcess
-from shepherd import binaries, reaper, search_attributes
+from shepherd import binaries, offline, reaper, search_attributes
 from shepherd.temporal import TemporalSettings, connect, ensure_search_attributes
 
 START_TIMEOUT_S = 60.0
@@ -364,6 +364,7 @@ class DevStack:
                     "SHEPHERD_PROGRAM_DIR": str(self.program_dir),
                     **example_loops(),
                     **example_programs(),
+                    **self.tokenizers(),
                 },
                 task_queue=self.task_queue,
             )
@@ -399,11 +400,28 @@ class DevStack:
             },
             "logs": str(self.state_dir / "logs"),
             "program_dir": str(self.program_dir),
+            # The worker's Hugging Face cache (programs read tokenizers there, offline).
+            "hf_home": str(self.hf_home),
         }
 
     @property
     def program_dir(self) -> Path:
         return (self.state_dir / "programs").resolve()
+
+    @property
+    def hf_home(self) -> Path:
+        return (self.state_dir / "hf-home").resolve()
+
+    def tokenizers(self) -> dict[str, str]:
+        """The worker's Hugging Face cache, holding localplane's byte-level tokenizer under
+        the examples' model names, and the environment that makes its programs read it and
+        never the Hub. Always, not only without network: localplane's stand-in model takes
+        byte ids only (a real tokenizer's ids are out of its vocabulary), and an online
+        lookup would replace the stand-in with the Hub's real tokenizer. Other names:
+        ``python -m shepherd.offline --hf-home <state dir>/hf-home MODEL``."""
+        for model in offline.DEV_MODELS:
+            offline.write_hf_cache(self.hf_home, model)
+        return offline.offline_env(self.hf_home)
 
     def dead(self) -> str | None:
         """The name of a service that exited on its own, if any."""
