@@ -12,10 +12,12 @@ _API = {
     "JobHandle",
     "JobEnded",
     "JobFailed",
+    "JobNotFound",
     "JobSummary",
     "SpecError",
     "SubmissionRefused",
     "SweepHandle",
+    "TemporalUnreachable",
 }
 
 

@@ -16,11 +16,14 @@ listing every problem with its field.
 from __future__ import annotations
 
 import copy
+import functools
+import math
+import re
 import secrets
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from pydantic import BaseModel, Field
 from temporalio.client import (
@@ -57,6 +60,7 @@ from shepherd.preflight import SubmissionRefused
 from shepherd.schedules import Schedules
 from shepherd.spec import (
     JOB_NAME,
+    QUEUE_NAME,
     JobSpec,
     SpecError,
     apply_override,
@@ -70,6 +74,8 @@ from shepherd.sweep import SweepInput, SweepSpec, SweepStatus, load_sweep, valid
 from shepherd.temporal import TemporalSettings, connect
 
 T = TypeVar("T")
+P = ParamSpec("P")
+S = TypeVar("S")
 
 #: A worker answers a status query in milliseconds (a closed job's, after replaying its
 #: history, in a second or two); a query no worker takes (nothing polls the job's task
@@ -94,6 +100,131 @@ class JobEnded(Exception):
         self.workflow_id = workflow_id
         self.outcome = outcome
         self.action = action
+
+
+class JobNotFound(LookupError):
+    """No job (or sweep) has this workflow id in the namespace (the CLI's exit code 4)."""
+
+    def __init__(self, workflow_id: str, namespace: str | None = None) -> None:
+        where = f" in namespace {namespace!r}" if namespace else ""
+        super().__init__(f"not found: no job or sweep {workflow_id!r}{where}")
+        self.workflow_id = workflow_id
+        self.namespace = namespace
+
+
+class TemporalUnreachable(ConnectionError):
+    """Temporal's frontend did not answer at ``address`` (the CLI's exit code 3)."""
+
+    def __init__(self, address: str, reason: str) -> None:
+        super().__init__(f"cannot reach Temporal at {address} ({reason})")
+        self.address = address
+        self.reason = reason
+
+
+def transport_reason(text: str) -> str:
+    """What went wrong, in words, from the SDK's transport error (a Rust ``tonic`` error
+    printed whole): ``tcp connect error: Connection refused``."""
+    kind = re.search(r'ConnectError\("([^"]+)"', text)
+    detail = re.search(r'(?:message|error): "([^"]+)"', text)
+    said = [m[1] for m in (kind, detail) if m]
+    if said:
+        return ": ".join(said)
+    return text.split("tonic::")[0].rstrip(" :(") or "no answer"
+
+
+def _api_error(exc: Exception, sh: Shepherd, workflow_id: str | None) -> Exception:
+    """An RPC error as the API's own (a missing workflow, an unreachable server); any
+    other stays what it is."""
+    if not isinstance(exc, RPCError):
+        # A lazy client connects at its first call, and says so with a RuntimeError.
+        if "client connect" in str(exc) or "tonic::transport" in str(exc):
+            return TemporalUnreachable(sh.address, transport_reason(str(exc)))
+        return exc
+    if exc.status == RPCStatusCode.UNAVAILABLE:
+        return TemporalUnreachable(sh.address, transport_reason(exc.message))
+    if exc.status == RPCStatusCode.NOT_FOUND:
+        if "namespace" in exc.message.lower():
+            return input_error("namespace", exc.message, "argument")
+        if workflow_id is not None:
+            return JobNotFound(workflow_id, sh.client.namespace)
+    return exc
+
+
+def _api_error_of(target: Any, exc: Exception) -> Exception:
+    """:func:`_api_error` for a call on ``target``: a job's or a sweep's handle (``id``,
+    ``_sh``), or the connection itself."""
+    return _api_error(exc, getattr(target, "_sh", target), getattr(target, "id", None))
+
+
+def _translated(
+    method: Callable[Concatenate[S, P], Awaitable[T]],
+) -> Callable[Concatenate[S, P], Awaitable[T]]:
+    """A call on a job, a sweep or the connection that raises the API's errors, not the
+    SDK's RPC errors."""
+
+    @functools.wraps(method)
+    async def call(self: S, *args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return await method(self, *args, **kwargs)
+        except (RPCError, RuntimeError) as exc:
+            error = _api_error_of(self, exc)
+            if error is exc:
+                raise
+            raise error from None
+
+    return call
+
+
+def _translated_iter(
+    method: Callable[Concatenate[S, P], AsyncIterator[T]],
+) -> Callable[Concatenate[S, P], AsyncIterator[T]]:
+    """:func:`_translated` for a method that yields."""
+
+    @functools.wraps(method)
+    async def call(self: S, *args: P.args, **kwargs: P.kwargs) -> AsyncIterator[T]:
+        try:
+            async for item in method(self, *args, **kwargs):
+                yield item
+        except (RPCError, RuntimeError) as exc:
+            error = _api_error_of(self, exc)
+            if error is exc:
+                raise
+            raise error from None
+
+    return call
+
+
+def _interval(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise input_error("interval", "must be a positive number of seconds", "argument")
+    if not math.isfinite(value):
+        raise input_error("interval", "must be a finite number of seconds", "argument")
+    return float(value)
+
+
+def _task_queue(value: Any) -> str | None:
+    """A task queue argument: None (the spec's, else the connection's), or a name."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not QUEUE_NAME.match(value):
+        raise input_error(
+            "task_queue",
+            "must be a task queue name: 1-200 characters of letters, digits, '.', '_', ':', "
+            "'/' and '-' (or None: the spec's scheduling.queue, else the connection's)",
+            "argument",
+        )
+    return value
+
+
+def _rerun(value: Any) -> None:
+    if not isinstance(value, bool):
+        raise input_error("rerun", "must be True or False", "argument")
+
+
+#: ``host:port`` (a name, an IPv4 address or a bracketed IPv6 one).
+_ADDRESS = re.compile(r"\A(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):[0-9]{1,5}\Z")
+#: Temporal's namespace names.
+_NAMESPACE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{1,254}\Z")
 
 
 def own_checkpoint(
@@ -321,6 +452,7 @@ class JobHandle:
     def __repr__(self) -> str:
         return f"JobHandle({self.id!r})"
 
+    @_translated
     async def status(self) -> JobStatus:
         """The job's status as the workflow published it, corrected by how Temporal says
         the run ended (a terminated run shows TERMINATED, never its last live phase)."""
@@ -382,9 +514,11 @@ class JobHandle:
             pass  # best effort: the chunk's end brings the step anyway
         return 0
 
+    @_translated
     async def spec(self) -> JobSpec:
         return await self._handle.query("spec", result_type=JobSpec)
 
+    @_translated
     async def wait(self, *, raise_on_failure: bool = True) -> JobStatus:
         """The final status. A job that did not complete raises :class:`JobFailed` (or, with
         ``raise_on_failure=False``, returns its final status)."""
@@ -396,11 +530,13 @@ class JobHandle:
                 raise JobFailed(status) from None
             return status
 
+    @_translated_iter
     async def watch(self, *, interval: float = 0.5) -> AsyncIterator[JobStatus]:
         """Each change of the status (phase, step, platform state, recoveries ...), until the
         job ends; the last one yielded is the final status."""
         import asyncio
 
+        interval = _interval(interval)
         result = asyncio.ensure_future(self._handle.result())
         last: tuple[Any, ...] | None = None
         try:
@@ -448,12 +584,14 @@ class JobHandle:
                 raise JobEnded(self.id, ended, action) from None
             raise
 
+    @_translated
     async def pause(self, reason: str = "") -> PauseResult:
         """Checkpoint, give the trainer back, wait. Returns the checkpoint saved."""
         return await self._update(
             "pause", "request_pause", PauseRequest(reason=reason), PauseResult
         )
 
+    @_translated
     async def resume(self, checkpoint: str | None = None) -> JobStatus:
         """A new trainer, loaded from ``checkpoint`` (default: the one saved at pause): one
         of this job's checkpoints, by full or short name (``step-00000040``)."""
@@ -466,6 +604,7 @@ class JobHandle:
             "resume", "request_resume", ResumeRequest(checkpoint=checkpoint), JobStatus
         )
 
+    @_translated
     async def cancel(self, reason: str = "") -> None:
         """Cancel; the trainer is still deleted and checkpoints are kept. A job that has
         already ended raises :class:`JobEnded`."""
@@ -473,9 +612,11 @@ class JobHandle:
             raise JobEnded(self.id, outcome)
         await self._handle.cancel(reason=reason)
 
+    @_translated
     async def checkpoints(self) -> list[CheckpointRecord]:
         return list((await self.status()).checkpoints)
 
+    @_translated
     async def retry(
         self,
         *,
@@ -515,6 +656,7 @@ class JobHandle:
         new_spec = load_job_spec(data, overrides)
         return await self._sh.submit(new_spec, workflow_id=workflow_id, parent_workflow_id=self.id)
 
+    @_translated
     async def describe(self) -> Any:
         return await self._handle.describe()
 
@@ -532,6 +674,7 @@ class SweepHandle:
     def __repr__(self) -> str:
         return f"SweepHandle({self.id!r})"
 
+    @_translated
     async def status(self) -> SweepStatus:
         """The sweep's status. A sweep that failed (or was terminated or timed out) says so
         with the reason, even where its last recorded state still read RUNNING."""
@@ -569,15 +712,18 @@ class SweepHandle:
             return f"{kind}: {message}" if message else kind
         return ended.name
 
+    @_translated
     async def wait(self) -> SweepStatus:
         try:
             return await self._handle.result()
         except WorkflowFailureError:
             return await self.status()
 
+    @_translated_iter
     async def watch(self, *, interval: float = 1.0) -> AsyncIterator[SweepStatus]:
         import asyncio
 
+        interval = _interval(interval)
         result = asyncio.ensure_future(self._handle.result())
         last = None
         try:
@@ -596,6 +742,7 @@ class SweepHandle:
         finally:
             result.cancel()
 
+    @_translated
     async def cancel(self, reason: str = "") -> None:
         """Cancel the sweep: every running trial is cancelled and cleans its trainer up. A
         sweep that has already ended raises :class:`JobEnded`."""
@@ -615,6 +762,12 @@ class Shepherd:
         self.task_queue = task_queue
         self.schedules = Schedules(client, task_queue)
 
+    @property
+    def address(self) -> str:
+        """The Temporal frontend this connection talks to (``host:port``)."""
+        return str(self.client.service_client.config.target_host)
+
+    @_translated
     async def submit_sweep(
         self,
         sweep: SweepSpec | Mapping[str, Any] | str | Path,
@@ -627,11 +780,12 @@ class Shepherd:
         """Validate and start a sweep (``sweep-<name>-<suffix>`` unless given). Its
         ``promote_best.model_id`` is claimed like a job's output model id."""
         spec = load_sweep_spec(sweep, overrides)
+        _rerun(rerun)
         if workflow_id is not None:
             check_workflow_id(workflow_id)
         elif rerun:
             raise input_error("rerun", "a re-run needs the workflow id to run again", "argument")
-        queue = task_queue or spec.base.scheduling.queue or self.task_queue
+        queue = _task_queue(task_queue) or spec.base.scheduling.queue or self.task_queue
         await check_workers(self.client, spec.base, queue, "base.")
         model_id = spec.promote_best.model_id if spec.promote_best else None
         claim = [SearchAttributePair(sa.OUTPUT_MODEL, model_id)] if model_id else []
@@ -671,22 +825,37 @@ class Shepherd:
         tls: bool | None = None,
     ) -> Shepherd:
         """Arguments win over the environment (``TEMPORAL_ADDRESS``, ``TEMPORAL_NAMESPACE``,
-        ``TEMPORAL_API_KEY``, ``TEMPORAL_TLS*``, ``SHEPHERD_TASK_QUEUE``)."""
-        settings = TemporalSettings()
+        ``TEMPORAL_API_KEY``, ``TEMPORAL_TLS*``, ``SHEPHERD_TASK_QUEUE``); None means "from
+        the environment". A server that does not answer raises :class:`TemporalUnreachable`."""
         updates: dict[str, Any] = {}
-        if address:
+        if address is not None:
+            if not isinstance(address, str) or not _ADDRESS.match(address):
+                raise input_error("address", "must be host:port, e.g. localhost:7233", "argument")
             updates["address"] = address
-        if namespace:
+        if namespace is not None:
+            if not isinstance(namespace, str) or not _NAMESPACE.match(namespace):
+                raise input_error(
+                    "namespace",
+                    "must be a namespace name: 2-255 characters of letters, digits, '.', '_' "
+                    "and '-'",
+                    "argument",
+                )
             updates["namespace"] = namespace
-        if task_queue:
-            updates["task_queue"] = task_queue
+        if (queue := _task_queue(task_queue)) is not None:
+            updates["task_queue"] = queue
         if api_key:
             updates["api_key"] = api_key
         if tls is not None:
             updates["tls"] = tls
-        settings = settings.model_copy(update=updates)
-        return cls(await connect(settings), task_queue=settings.task_queue)
+        settings = TemporalSettings().model_copy(update=updates)
+        try:
+            client = await connect(settings)
+        except RuntimeError as exc:
+            # The SDK says it as a Rust transport error ("tonic::transport::Error(...)").
+            raise TemporalUnreachable(settings.address, transport_reason(str(exc))) from None
+        return cls(client, task_queue=settings.task_queue)
 
+    @_translated
     async def submit(
         self,
         spec: JobSpec | Mapping[str, Any] | str | Path,
@@ -704,6 +873,8 @@ class Shepherd:
         a job that ended and ``rerun`` is not set; the output model id is claimed by another
         live job; no worker serves the backend."""
         job_spec, queue = self._job_args(spec, overrides, workflow_id, task_queue, rerun)
+        if parent_workflow_id is not None:
+            await self._check_parent(parent_workflow_id)
         handle = await start_job(
             self.client,
             job_spec,
@@ -714,6 +885,7 @@ class Shepherd:
         )
         return JobHandle(self, handle.id)
 
+    @_translated
     async def plan(
         self,
         spec: JobSpec | Mapping[str, Any] | str | Path,
@@ -738,15 +910,46 @@ class Shepherd:
         rerun: bool,
     ) -> tuple[JobSpec, str]:
         job_spec = load_job_spec(spec, overrides)
+        queue = _task_queue(task_queue)
+        _rerun(rerun)
         if workflow_id is not None:
             check_workflow_id(workflow_id)
         elif rerun:
             raise input_error("rerun", "a re-run needs the workflow id to run again", "argument")
-        return job_spec, task_queue or job_spec.scheduling.queue or self.task_queue
+        return job_spec, queue or job_spec.scheduling.queue or self.task_queue
+
+    async def _check_parent(self, parent_workflow_id: Any) -> None:
+        """The parent a job is linked to must be a job (``retry`` links to its own)."""
+        field = "parent_workflow_id"
+        if not isinstance(parent_workflow_id, str):
+            raise input_error(field, "must be the workflow id of an existing job", "argument")
+        try:
+            check_workflow_id(parent_workflow_id)
+        except SpecError as exc:
+            raise input_error(field, exc.problems[0].rule, "argument") from None
+        try:
+            desc = await self.client.get_workflow_handle(parent_workflow_id).describe()
+        except RPCError as exc:
+            if exc.status != RPCStatusCode.NOT_FOUND or "namespace" in exc.message.lower():
+                raise
+            raise input_error(
+                field,
+                f"{parent_workflow_id!r} is no job here: must be the workflow id of an "
+                "existing job",
+                "argument",
+            ) from None
+        if desc.workflow_type != WORKFLOW_TYPE:
+            raise input_error(
+                field,
+                f"{parent_workflow_id!r} is a {desc.workflow_type} workflow: must be the "
+                "workflow id of an existing job",
+                "argument",
+            )
 
     def get(self, workflow_id: str) -> JobHandle:
         return JobHandle(self, _looked_up(workflow_id))
 
+    @_translated
     async def list(
         self,
         *,
@@ -757,7 +960,11 @@ class Shepherd:
         limit: int = 100,
     ) -> list[JobSummary]:
         """Jobs by label, phase or name (Temporal visibility over the search attributes),
-        newest first."""
+        newest first; at most ``limit`` of them."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise input_error("limit", "must be a whole number of jobs, at least 1", "argument")
+        if query is not None and not isinstance(query, str):
+            raise input_error("query", "must be a visibility query (a string)", "argument")
         q = list_query(labels=labels, phase=phase, name=name)
         if query:
             q = f"{q} AND ({query})"
@@ -766,13 +973,16 @@ class Shepherd:
             async for ex in self.client.list_workflows(q, limit=limit):
                 out.append(JobSummary.from_execution(ex))
         except RPCError as exc:
-            raise ValueError(f"the job query failed: {exc.message}") from None
+            if exc.status != RPCStatusCode.INVALID_ARGUMENT:
+                raise
+            raise input_error("query", f"the job query failed: {exc.message}", "argument") from None
         return out
 
 
 __all__ = [
     "JobEnded",
     "JobFailed",
+    "JobNotFound",
     "JobPlan",
     "SweepHandle",
     "JobHandle",
@@ -780,5 +990,6 @@ __all__ = [
     "Shepherd",
     "SpecError",
     "SubmissionRefused",
+    "TemporalUnreachable",
     "WorkflowExecutionStatus",
 ]

@@ -104,13 +104,17 @@ def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
     """Run a command's coroutine; every failure ends as one line and an exit code."""
-    from shepherd.client import JobEnded, JobFailed
+    from shepherd.client import JobEnded, JobFailed, JobNotFound, TemporalUnreachable
 
     try:
         return asyncio.run(coro)
     except SpecError as exc:
         err_console.print(str(exc), style="red", highlight=False, markup=False)
         raise typer.Exit(EXIT_INVALID) from None
+    except JobNotFound as exc:
+        fail(str(exc), EXIT_NOT_FOUND)
+    except TemporalUnreachable as exc:
+        fail(f"{exc}; is `shepherd dev` running? (TEMPORAL_ADDRESS or --address)", EXIT_UNREACHABLE)
     except (JobFailed, JobEnded) as exc:
         fail(str(exc), EXIT_FAILED)
     except WorkflowUpdateFailedError as exc:

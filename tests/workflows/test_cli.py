@@ -166,9 +166,13 @@ async def test_pause_resume_cancel_and_retry(stack: Stack, tmp_path: Path) -> No
 async def test_not_found_and_unreachable_are_one_line_with_their_own_codes(stack: Stack) -> None:
     missing = await cli(stack, "status", "job-does-not-exist")
     assert missing.returncode == 4 and len(missing.stderr.strip().splitlines()) == 1
+    assert "'job-does-not-exist'" in missing.stderr
     unreachable = await cli(stack, "list", address="127.0.0.1:1", timeout=60)
     assert unreachable.returncode == 3 and "cannot reach Temporal" in unreachable.stderr
     assert len(unreachable.stderr.strip().splitlines()) == 1
+    # The address and the reason in words, not the SDK's Rust transport error.
+    assert "127.0.0.1:1" in unreachable.stderr and "Connection refused" in unreachable.stderr
+    assert "tonic" not in unreachable.stderr
 
 
 async def test_schedule_and_sweep_commands(stack: Stack, tmp_path: Path) -> None:

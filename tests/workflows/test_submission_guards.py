@@ -15,12 +15,22 @@ from typing import Any
 
 import pytest
 import yaml
-from temporalio.client import WorkflowFailureError
+from temporalio.client import Client, WorkflowFailureError
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.service import RetryConfig
+from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from shepherd.client import Shepherd, SubmissionRefused
+from shepherd import binaries
+from shepherd.client import (
+    JobNotFound,
+    Shepherd,
+    SubmissionRefused,
+    TemporalUnreachable,
+)
 from shepherd.phases import Phase
 from shepherd.preflight import served_backends, worker_identity
+from shepherd.spec import SpecError
 from tests.helpers import run_cli as cli
 from tests.workflows.conftest import Stack
 from workers.main import WORKFLOWS, activities_for
@@ -350,3 +360,75 @@ async def test_a_failed_sweep_says_failed_and_why(stack: Stack) -> None:
     assert status["phase"] == "FAILED" and "sweep-target" in status["error"]
     human = await cli("sweep", "status", handle.id, stack=stack)
     assert "FAILED" in human.stdout and "sweep-target" in human.stdout
+
+
+# ---------------------------------------------------------------- the API's own errors
+
+
+async def test_a_parent_that_is_no_job_is_refused_before_anything_starts(stack: Stack) -> None:
+    sh = Shepherd(stack.client, task_queue=stack.task_queue)
+    with pytest.raises(SpecError) as refused:
+        await sh.submit(spec_data("orphan"), parent_workflow_id="no-such")
+    (problem,) = refused.value.problems
+    assert problem.field == "parent_workflow_id" and "existing job" in problem.rule
+    # A workflow that is not a job (a sweep, a reaper pass ...) is no parent either.
+    other = await stack.client.start_workflow(
+        "NotAJob", id=f"not-a-job-{uuid.uuid4().hex[:6]}", task_queue=f"{stack.task_queue}-none"
+    )
+    try:
+        with pytest.raises(SpecError) as refused:
+            await sh.submit(spec_data("orphan"), parent_workflow_id=other.id)
+        assert "NotAJob workflow" in refused.value.problems[0].rule
+    finally:
+        await other.terminate()
+    assert await _started(stack) == []
+
+
+async def test_a_missing_workflow_is_job_not_found(stack: Stack) -> None:
+    sh = Shepherd(stack.client, task_queue=stack.task_queue)
+    job = sh.get("job-never-was")
+    calls = {
+        "status": job.status(),
+        "spec": job.spec(),
+        "wait": job.wait(),
+        "pause": job.pause(),
+        "resume": job.resume(),
+        "cancel": job.cancel(),
+        "retry": job.retry(),
+        "checkpoints": job.checkpoints(),
+        "watch": anext(job.watch()),
+        "sweep status": sh.get_sweep("sweep-never-was").status(),
+        "sweep cancel": sh.get_sweep("sweep-never-was").cancel(),
+    }
+    for what, call in calls.items():
+        with pytest.raises(JobNotFound) as missing:
+            await call
+        assert missing.value.workflow_id.endswith("-never-was"), what
+        assert "never-was" in str(missing.value), what
+    shown = await cli("status", "job-never-was", stack=stack)
+    assert shown.returncode == 4
+    assert "'job-never-was'" in one_line(shown) and "RPCError" not in shown.stderr
+
+
+async def test_a_server_that_went_away_is_unreachable_with_its_address() -> None:
+    """Connected, then the server stops: calls raise TemporalUnreachable naming the
+    address, not the SDK's RPC error (its message a Rust transport error)."""
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=binaries.temporal(),
+        data_converter=pydantic_data_converter,
+        dev_server_log_level="error",
+    )
+    address = env.client.service_client.config.target_host
+    client = await Client.connect(
+        address,
+        data_converter=pydantic_data_converter,
+        retry_config=RetryConfig(max_retries=2, max_elapsed_time_millis=2000),
+    )
+    sh = Shepherd(client, task_queue="q")
+    assert await sh.list(query='WorkflowType = "x"') == []  # it answers
+    await env.shutdown()
+    for call in (sh.get("job-x").status(), sh.list(), sh.submit(spec_data("gone"))):
+        with pytest.raises(TemporalUnreachable) as unreachable:
+            await call
+        assert unreachable.value.address == address and address in str(unreachable.value)
+        assert "tonic" not in str(unreachable.value)
