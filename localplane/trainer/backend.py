@@ -60,6 +60,8 @@ class SampleSettings:
     stop: list[list[int]] | None = None
     prompt_logprobs: bool = False
     prompt_logprobs_last_n: int | None = None
+    #: The k most likely tokens at every scored prompt position (0: not asked for).
+    topk_prompt_logprobs: int = 0
 
 
 @dataclass
@@ -79,6 +81,16 @@ class Sampled:
     tokens: list[int]
     logprobs: list[float]
     stop_reason: str
+
+
+@dataclass
+class PromptTopk:
+    """The ``k`` most likely next tokens at prompt positions ``first ..``: row ``i`` of the
+    ``[n, k]`` arrays is position ``first + i``, most likely first."""
+
+    first: int
+    token_ids: np.ndarray
+    logprobs: np.ndarray
 
 
 @dataclass
@@ -180,6 +192,13 @@ class Backend(ABC):
     def prompt_logprobs(
         self, weights: SamplerWeights, tokens: Sequence[int], last_n: int | None
     ) -> list[float | None]: ...
+
+    @abstractmethod
+    def prompt_topk(
+        self, weights: SamplerWeights, tokens: Sequence[int], k: int, last_n: int | None
+    ) -> PromptTopk:
+        """The top-``k`` log-probabilities at every prompt position but the first (the last
+        ``last_n`` only, when given)."""
 
     @abstractmethod
     def encode(self, text: str) -> list[int]:

@@ -238,12 +238,15 @@ class CausalLM:
     ) -> tuple[list[dict[str, np.ndarray]], dict[str, float], dict[str, np.ndarray] | None]:
         """Per-datum outputs, metrics, and the gradients of the summed loss (or None).
 
-        Position ``i`` of a datum predicts ``target_tokens[i]`` from input tokens ``[: i+1]``.
-        The loss is the sum over datums and positions (no mean), as Tinker defines it; the
-        caller accumulates gradients across calls until the optimizer step. ``frozen``
-        (every position's log-probability, concatenated) is where the loss evaluates its
-        stop-gradient terms; by default this forward pass's own (see :mod:`losses`).
-        Raises :class:`~localplane.trainer.losses.LossError` (a ValueError) naming the field.
+        Position ``i`` of a datum predicts ``target_tokens[i]`` from input tokens ``[: i+1]``;
+        with ``target_tokens`` of shape ``[T, K]`` (``cross_entropy`` only) it scores the K
+        targets ``target_tokens[i, :]`` under the one distribution of position ``i``, and the
+        datum's outputs have that shape too. The loss is the sum over datums and targets (no
+        mean), as Tinker defines it; the caller accumulates gradients across calls until the
+        optimizer step. ``frozen`` (every target's log-probability, concatenated) is where
+        the loss evaluates its stop-gradient terms; by default this forward pass's own (see
+        :mod:`losses`). Raises :class:`~localplane.trainer.losses.LossError` (a ValueError)
+        naming the field.
         """
         spec = losses.spec(loss_fn)
         if not datums:
@@ -252,11 +255,14 @@ class CausalLM:
         tokens, targets = _check_datums(datums)
         b = losses.batch(spec, targets, [raw for _, raw in datums], cfg)
         ctx = np.concatenate([self._contexts(t) for t in tokens])
-        target = np.concatenate(targets)
+        # The loss sees one log-probability per *target*: a [T] datum's are its positions, a
+        # [T, K] datum's are its cells, row-major. ``pos`` maps targets to positions (None:
+        # every datum is [T], targets are positions, the original arithmetic runs unchanged).
+        target = np.concatenate([t.reshape(-1) for t in targets])
+        pos = _target_positions(targets)
         w = self._weights()
-        n = len(target)
-        # Pass 1: every position's log-probability (GSPO needs a datum's all before any loss).
-        logp = self._target_logprobs(w, ctx, target)
+        # Pass 1: every target's log-probability (GSPO needs a datum's all before any loss).
+        logp = self._target_logprobs(w, ctx, target, pos)
         if frozen is not None and frozen.shape != logp.shape:
             raise ValueError(f"frozen has shape {frozen.shape}, expected {logp.shape}")
         elementwise, dloss_dlp, metrics = losses.evaluate(spec, logp, b, frozen)
@@ -265,16 +271,25 @@ class CausalLM:
             # Pass 2: recompute each block's activations (cheaper than keeping them all) and
             # backpropagate d loss / d lp. Blocks are summed in a fixed order: reproducible.
             grads_w = _zero_grads(w, full=not self.cfg.lora_rank)
-            for sl in _blocks(n):
+            for sl in _blocks(len(ctx)):
                 x, hid, logits = self._logits(w, ctx[sl])
                 rows = np.arange(sl.stop - sl.start)
                 shifted = logits - logits.max(axis=1, keepdims=True)
                 expd = np.exp(shifted)
                 total = expd.sum(axis=1)
-                g = dloss_dlp[sl]
-                # d(sum loss)/d logits = g * (onehot(target) - softmax) per row.
-                d_logits = expd * (-g / total)[:, None]
-                d_logits[rows, target[sl]] += g
+                if pos is None:
+                    g = dloss_dlp[sl]
+                    # d(sum loss)/d logits = g * (onehot(target) - softmax) per row.
+                    d_logits = expd * (-g / total)[:, None]
+                    d_logits[rows, target[sl]] += g
+                else:
+                    # Several targets a row: sum_k g_k * (onehot(t_k) - softmax). add.at, as
+                    # a row may name a token twice (padding repeats one at weight 0).
+                    cells = _cells(pos, sl)
+                    local, g_cells = pos[cells] - sl.start, dloss_dlp[cells]
+                    g = np.bincount(local, weights=g_cells, minlength=len(rows))
+                    d_logits = expd * (-g / total)[:, None]
+                    np.add.at(d_logits, (local, target[cells]), g_cells)
                 grads_w["w2"] += hid.T @ d_logits
                 d_hid = (d_logits @ w["w2"].T) * (1.0 - hid * hid)
                 grads_w["w1"] += x.T @ d_hid
@@ -285,30 +300,35 @@ class CausalLM:
                     _scatter_add_rows(grads_w["embed"], ctx[sl].reshape(-1), d_x)
         outputs = [
             {
-                "logprobs": logp[seg].astype(np.float32),
-                "elementwise_loss": elementwise[seg].astype(np.float32),
+                "logprobs": logp[seg].reshape(t.shape).astype(np.float32),
+                "elementwise_loss": elementwise[seg].reshape(t.shape).astype(np.float32),
             }
-            for seg in b.segments()
+            for seg, t in zip(b.segments(), targets, strict=True)
         ]
         if grads_w is None:
             return outputs, metrics, None
         return outputs, metrics, self._param_grads(grads_w)
 
     def _target_logprobs(
-        self, w: dict[str, np.ndarray], ctx: np.ndarray, target: np.ndarray
+        self, w: dict[str, np.ndarray], ctx: np.ndarray, target: np.ndarray, pos: np.ndarray | None
     ) -> np.ndarray:
         logp = np.empty(len(target))
-        for sl in _blocks(len(target)):
+        for sl in _blocks(len(ctx)):
             _, _, logits = self._logits(w, ctx[sl])
-            logp[sl] = _log_softmax(logits)[np.arange(sl.stop - sl.start), target[sl]]
+            if pos is None:
+                logp[sl] = _log_softmax(logits)[np.arange(sl.stop - sl.start), target[sl]]
+            else:
+                cells = _cells(pos, sl)
+                logp[cells] = _log_softmax(logits)[pos[cells] - sl.start, target[cells]]
         return logp
 
     def target_logprobs(self, datums: Sequence[Datum]) -> np.ndarray:
-        """Every datum position's float64 log-probability of its target, concatenated: the
-        values a loss sees (``frozen`` for :meth:`forward_backward`)."""
+        """Every datum target's float64 log-probability, concatenated (a [T, K] datum's
+        row-major): the values a loss sees (``frozen`` for :meth:`forward_backward`)."""
         tokens, targets = _check_datums(datums)
         ctx = np.concatenate([self._contexts(t) for t in tokens])
-        return self._target_logprobs(self._weights(), ctx, np.concatenate(targets))
+        target = np.concatenate([t.reshape(-1) for t in targets])
+        return self._target_logprobs(self._weights(), ctx, target, _target_positions(targets))
 
     def _param_grads(self, grads_w: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if not self.cfg.lora_rank:
@@ -340,6 +360,33 @@ class CausalLM:
             lp = _log_softmax(logits)[np.arange(sl.stop - sl.start), target[sl]]
             out.extend(float(v) for v in lp)
         return out
+
+    def prompt_topk(
+        self, tokens: Sequence[int], k: int, last_n: int | None = None
+    ) -> tuple[int, np.ndarray, np.ndarray]:
+        """The ``k`` most likely next tokens at prompt positions: ``(first, ids, logprobs)``,
+        where row ``i`` of the ``[n, k]`` arrays is position ``first + i`` (the distribution
+        of ``tokens[first + i]`` given ``tokens[: first + i]``), most likely first, ties by
+        token id. Position 0 has no context, and ``last_n`` scores only the last positions,
+        as in :meth:`prompt_logprobs`."""
+        toks = _as_tokens(tokens, "tokens")
+        if not 1 <= k <= VOCAB_SIZE:
+            raise ValueError(f"k must be in [1, {VOCAB_SIZE}], got {k}")
+        first = max(1, len(toks) - last_n) if last_n is not None else 1
+        first = min(first, len(toks))
+        n = len(toks) - first
+        ids = np.empty((n, k), dtype=np.int64)
+        logprobs = np.empty((n, k))
+        if n:
+            w = self._weights()
+            ctx = self._contexts(toks[:-1])[first - 1 :]
+            for sl in _blocks(n):
+                _, _, logits = self._logits(w, ctx[sl])
+                lsm = _log_softmax(logits)
+                order = np.argsort(-lsm, axis=1, kind="stable")[:, :k]
+                ids[sl] = order
+                logprobs[sl] = np.take_along_axis(lsm, order, axis=1)
+        return first, ids, logprobs
 
     def sample(
         self,
@@ -581,8 +628,28 @@ def _blocks(n: int) -> list[slice]:
     return [slice(start, min(start + CHUNK, n)) for start in range(0, n, CHUNK)]
 
 
+def _target_positions(targets: Sequence[np.ndarray]) -> np.ndarray | None:
+    """The position (in the concatenated datums) of every target, or None when every datum
+    has one target a position (then targets are positions)."""
+    if all(t.ndim == 1 for t in targets):
+        return None
+    out, start = [], 0
+    for t in targets:
+        k = t.shape[1] if t.ndim == 2 else 1
+        out.append(np.repeat(np.arange(start, start + len(t)), k))
+        start += len(t)
+    return np.concatenate(out)
+
+
+def _cells(pos: np.ndarray, sl: slice) -> slice:
+    """The targets of the positions in ``sl`` (``pos`` is non-decreasing: a contiguous run)."""
+    lo, hi = np.searchsorted(pos, [sl.start, sl.stop])
+    return slice(int(lo), int(hi))
+
+
 def _check_datums(datums: Sequence[Datum]) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Each datum's input tokens and target tokens, checked (one target per position)."""
+    """Each datum's input tokens and target tokens, checked: ``[T]``, one target a position,
+    or ``[T, K]``, K targets a position (the losses say which they take)."""
     tokens: list[np.ndarray] = []
     targets: list[np.ndarray] = []
     for index, (raw_tokens, raw_inputs) in enumerate(datums):
@@ -592,20 +659,23 @@ def _check_datums(datums: Sequence[Datum]) -> tuple[list[np.ndarray], list[np.nd
             raise losses.LossError(f"{where}: model_input has no tokens")
         if "target_tokens" not in raw_inputs:
             raise losses.LossError(f"{where}: loss_fn_inputs is missing 'target_tokens'")
-        shape = np.shape(raw_inputs["target_tokens"])
-        if len(shape) == 2:
-            raise losses.LossError(
-                f"{where}: loss_fn_inputs['target_tokens'] has shape {list(shape)}: several "
-                "targets per position (a [N, K] tensor) are not supported; send one per position"
-            )
-        target = _as_tokens(
-            raw_inputs["target_tokens"], f"{where}: loss_fn_inputs['target_tokens']"
-        )
-        if target.shape != toks.shape:
-            raise losses.LossError(
-                f"{where}: loss_fn_inputs['target_tokens'] has shape {list(shape)}, "
-                f"expected [{len(toks)}] (one target per input token)"
-            )
+        field = f"{where}: loss_fn_inputs['target_tokens']"
+        raw = np.asarray(raw_inputs["target_tokens"])
+        shape = list(raw.shape)
+        if raw.ndim == 2:
+            if raw.shape[0] != len(toks) or raw.shape[1] < 1:
+                raise losses.LossError(
+                    f"{field} has shape {shape}, expected [{len(toks)}, K] with K >= 1 "
+                    "(K targets per input token)"
+                )
+            target = _as_tokens(raw.reshape(-1), field).reshape(raw.shape)
+        else:
+            target = _as_tokens(raw, field)
+            if target.shape != toks.shape:
+                raise losses.LossError(
+                    f"{field} has shape {shape}, expected [{len(toks)}] (one target per input "
+                    f"token) or [{len(toks)}, K] (K targets per input token)"
+                )
         tokens.append(toks)
         targets.append(target)
     return tokens, targets

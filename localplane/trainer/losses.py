@@ -57,6 +57,9 @@ class LossSpec:
     evaluate: Callable[..., Evaluated] | None = None
     #: Whether it uses the recorded sampled sequences (provenance) when a datum names them.
     uses_provenance: bool = False
+    #: Whether it takes ``target_tokens`` of shape ``[T, K]`` (K targets a position, each
+    #: with its own per-target inputs of the same shape): distillation's soft targets.
+    multi_target: bool = False
 
 
 @dataclass
@@ -78,6 +81,7 @@ class Batch:
 
 
 def _cross_entropy(lp: np.ndarray, b: Batch, frozen: np.ndarray) -> Evaluated:
+    # Per target: with [T, K] targets, -sum_{t,k} w[t,k] * log p(target[t,k] | t).
     w = b.fields["weights"]
     loss = -w * lp
     return loss, -w, {"loss:sum": float(loss.sum())}
@@ -202,7 +206,14 @@ _RL = ("target_tokens", "logprobs", "advantages")
 LOSSES: dict[str, LossSpec] = {
     spec.name: spec
     for spec in (
-        LossSpec("cross_entropy", ("target_tokens",), {"weights": 1.0}, {}, _cross_entropy),
+        LossSpec(
+            "cross_entropy",
+            ("target_tokens",),
+            {"weights": 1.0},
+            {},
+            _cross_entropy,
+            multi_target=True,
+        ),
         LossSpec("importance_sampling", _RL, {}, {}, _importance_sampling),
         LossSpec(
             "ppo",
@@ -277,20 +288,22 @@ def config(s: LossSpec, raw: Mapping[str, Any] | None) -> dict[str, float]:
 
 
 def _float_field(
-    inputs: Mapping[str, np.ndarray], name: str, length: int, where: str
+    inputs: Mapping[str, np.ndarray], name: str, shape: tuple[int, ...], where: str
 ) -> np.ndarray:
+    """A per-target input, checked to have the targets' ``shape``, flattened row-major."""
     arr = np.asarray(inputs[name])
     if arr.dtype.kind not in "fiu":
         raise LossError(f"{where}: loss_fn_inputs[{name!r}] must be numeric, got {arr.dtype}")
     arr = arr.astype(np.float64)
-    if arr.shape != (length,):
+    if arr.shape != shape:
+        per = "one value per input token" if len(shape) == 1 else "the shape of target_tokens"
         raise LossError(
             f"{where}: loss_fn_inputs[{name!r}] has shape {list(arr.shape)}, "
-            f"expected [{length}] (one value per input token)"
+            f"expected {list(shape)} ({per})"
         )
     if not np.all(np.isfinite(arr)):
         raise LossError(f"{where}: loss_fn_inputs[{name!r}] has non-finite values")
-    return arr
+    return arr.reshape(-1)
 
 
 def _clip_field(
@@ -314,14 +327,22 @@ def batch(
     inputs: Sequence[Mapping[str, np.ndarray]],
     cfg: dict[str, float],
 ) -> Batch:
-    """The loss's per-token fields for every datum (targets already checked by the model)."""
+    """The loss's per-target fields for every datum (targets already checked by the model;
+    a ``[T, K]`` datum's fields are ``[T, K]`` too, flattened row-major like its targets)."""
     known = set(s.required) | set(s.optional)
     per_datum: dict[str, list[np.ndarray]] = {name: [] for name in known - {"target_tokens"}}
     lengths = []
     for index, (target, raw) in enumerate(zip(targets, inputs, strict=True)):
         where = f"datum {index}"
+        if target.ndim != 1 and not s.multi_target:
+            multi = sorted(n for n, spec in LOSSES.items() if spec.multi_target)
+            raise LossError(
+                f"{where}: loss_fn_inputs['target_tokens'] has shape {list(target.shape)}: "
+                f"several targets per position ([T, K]) are supported by {', '.join(multi)} "
+                f"only, not {s.name}; send one target per position"
+            )
         t = len(target)
-        lengths.append(t)
+        lengths.append(target.size)
         for name in s.required:
             if name != "target_tokens" and name not in raw:
                 raise LossError(f"{where}: {s.name} needs loss_fn_inputs[{name!r}]")
@@ -329,14 +350,15 @@ def batch(
             if s.name == "ppo" and name in ("clip_low_threshold", "clip_high_threshold"):
                 per_datum[name].append(_clip_field(raw, name, t, where, cfg[name]))
             elif name in raw:
-                per_datum[name].append(_float_field(raw, name, t, where))
+                per_datum[name].append(_float_field(raw, name, target.shape, where))
             elif name == "sequence_ratio_mask":
                 # Not sent (cookbook 0.5.8 does not): the sampled tokens are the ones trained on.
-                per_datum[name].append((_float_field(raw, "advantages", t, where) != 0) * 1.0)
+                adv = _float_field(raw, "advantages", target.shape, where)
+                per_datum[name].append((adv != 0) * 1.0)
             else:
                 fill = s.optional[name]
                 assert fill is not None
-                per_datum[name].append(np.full(t, fill))
+                per_datum[name].append(np.full(target.size, fill))
         if s.name == "ppo" and np.any(
             per_datum["clip_low_threshold"][-1] > per_datum["clip_high_threshold"][-1]
         ):

@@ -16,6 +16,7 @@ from localplane.trainer.backend import (
     Exported,
     ForwardResult,
     LoraSettings,
+    PromptTopk,
     Sampled,
     SamplerWeights,
     SampleSettings,
@@ -70,12 +71,16 @@ def _lm_config(config: Mapping[str, Any]) -> lm.LMConfig:
 
 def _loss_tokens(inputs: Mapping[str, np.ndarray]) -> int:
     """Positions that carry loss: non-zero weights (supervised), non-zero advantages (RL),
-    or every target when there are neither."""
+    or every position when there are neither. A position with K targets ([T, K] weights)
+    is one token, however many of its targets carry weight."""
     for name in ("weights", "advantages"):
         if name in inputs:
-            return int(np.count_nonzero(inputs[name]))
+            arr = np.asarray(inputs[name])
+            if arr.ndim == 2:
+                return int(np.count_nonzero(arr.any(axis=1)))
+            return int(np.count_nonzero(arr))
     target = inputs.get("target_tokens")
-    return int(np.size(target)) if target is not None else 0
+    return int(np.shape(target)[0]) if target is not None and np.ndim(target) else 0
 
 
 class NumpyBackend(Backend):
@@ -236,6 +241,13 @@ class NumpyBackend(Backend):
     ) -> list[float | None]:
         assert isinstance(weights, NumpySampler)
         return weights.net.prompt_logprobs(tokens, last_n)
+
+    def prompt_topk(
+        self, weights: SamplerWeights, tokens: Sequence[int], k: int, last_n: int | None
+    ) -> PromptTopk:
+        assert isinstance(weights, NumpySampler)
+        first, ids, logprobs = weights.net.prompt_topk(tokens, k, last_n)
+        return PromptTopk(first, ids, logprobs)
 
     def encode(self, text: str) -> list[int]:
         return lm.encode(text)

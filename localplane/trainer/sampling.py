@@ -32,7 +32,7 @@ from localplane import limits
 from localplane.errors import FailedPrecondition, InvalidArgument, shorten
 from localplane.trainer import checkpoints as ckpts
 from localplane.trainer import validate
-from localplane.trainer.backend import SamplerWeights, SampleSettings
+from localplane.trainer.backend import PromptTopk, SamplerWeights, SampleSettings
 from localplane.trainer.errors import UserError
 from localplane.trainer.futures import Future
 from localplane.trainer.lm import stable_seed
@@ -84,6 +84,23 @@ class Recorded:
     tokens: np.ndarray  # int32
     logprobs: np.ndarray  # float64, as the sampler computed them
     last_used: float = field(default_factory=time.monotonic)
+
+
+#: One (token id, logprob) pair of ``SampleResponse.topk_prompt_logprobs``.
+_TOPK_PAIR = np.dtype([("token_id", np.int64), ("logprob", np.float64)])
+
+
+def topk_wire(topk: PromptTopk) -> list[np.ndarray | None]:
+    """``SampleResponse.topk_prompt_logprobs``: for every prompt position, None where nothing
+    was scored (the first position, and those before ``prompt_logprobs_last_n``) or its k
+    (token id, logprob) pairs, most likely first. Each row is a structured view into one
+    array — the answer waits in memory until retrieved, and a long prompt's Python tuples
+    would be ~10x larger — which the JSON encoder writes as ``[[id, logprob], ...]`` and the
+    protobuf dialect packs as the SDK's TopkLogprobs matrices."""
+    pairs = np.empty(topk.token_ids.shape, dtype=_TOPK_PAIR)
+    pairs["token_id"] = topk.token_ids
+    pairs["logprob"] = topk.logprobs
+    return [None] * topk.first + list(pairs)
 
 
 def default_seed(weights_digest: str, content: str, seq_id: Any, occurrence: int) -> int:
@@ -289,6 +306,14 @@ class Samplers:
             result["prompt_logprobs"] = backend.prompt_logprobs(
                 weights, settings.prompt, settings.prompt_logprobs_last_n
             )
+        if settings.topk_prompt_logprobs:
+            topk = backend.prompt_topk(
+                weights,
+                settings.prompt,
+                settings.topk_prompt_logprobs,
+                settings.prompt_logprobs_last_n,
+            )
+            result["topk_prompt_logprobs"] = topk_wire(topk)
         if record_for is not None:
             prompt = np.asarray(settings.prompt, dtype=np.int32)
             recorded = [
@@ -330,6 +355,11 @@ class Samplers:
             target = datum.inputs.get("target_tokens")
             if target is None:
                 raise UserError(f"{where}: loss_fn_inputs is missing 'target_tokens'")
+            if target.ndim != 1:
+                raise UserError(
+                    f"{where}.loss_fn_inputs.target_tokens: has shape {list(target.shape)}; "
+                    "provenance spans name one sampled token per position (shape [T])"
+                )
             sent = datum.inputs.get("logprobs")
             q = (
                 np.full(len(target), np.nan)

@@ -2,7 +2,7 @@
 naming the field and the rule (trainer-api.md §7 lists what is refused and why).
 
 What a trainer does not support is refused, never ignored: an optimizer other than Adam, a
-LoRA setting the model cannot honour, top-k logprobs, server-side custom losses … each is a
+LoRA setting the model cannot honour, top-k sample logprobs, server-side custom losses … each is a
 :class:`~localplane.trainer.errors.UserError` naming the field and what is supported. The
 service answers those at submission as a 400 (:func:`as_http`), before anything is queued;
 checks that need the model (datum contents) fail the operation's future instead.
@@ -26,6 +26,9 @@ from shepherd.tinker_wire.errors import WireError
 
 #: Most samples one request may ask for (what the hosted sampler takes per request).
 MAX_NUM_SAMPLES = 1024
+#: Most top-k prompt logprobs a request may ask for: distillation recipes ask for 20 (vLLM's
+#: default cap); the answer holds prompt length x k pairs until it is retrieved.
+MAX_TOPK_PROMPT_LOGPROBS = 64
 #: max_tokens when a request leaves it out (Tinker's default is the model's context; a
 #: byte-level model's full context is a long string of noise, so a line's worth instead).
 DEFAULT_MAX_TOKENS = 64
@@ -300,7 +303,6 @@ def sampling(
     refuse_set(
         body,
         {
-            "topk_prompt_logprobs": "top-k prompt logprobs are not supported",
             "topk_sample_logprobs": "top-k sample logprobs are not supported",
             "target_prompt_logprobs": "target prompt logprobs are not supported",
             "prompt_alt_tokens_k": "prompt alternative-token draws are not supported",
@@ -347,6 +349,10 @@ def sampling(
             raise UserError(
                 f"prompt_logprobs_last_n: must be in [1, {len(prompt) - 1}] (prompt length - 1)"
             )
+    topk = integer(body, "topk_prompt_logprobs", low=0) or 0
+    most = min(MAX_TOPK_PROMPT_LOGPROBS, vocab)
+    if topk > most:
+        raise UserError(f"topk_prompt_logprobs: must be in [0, {most}] (0: none), got {topk}")
     flag(body, "record_stability_info")
     return SampleSettings(
         prompt=prompt,
@@ -358,4 +364,5 @@ def sampling(
         stop=stop,
         prompt_logprobs=want_prompt,
         prompt_logprobs_last_n=last_n,
+        topk_prompt_logprobs=topk,
     )

@@ -33,6 +33,8 @@ DTYPE_INT32 = 3
 DTYPE_BFLOAT16 = 4
 STOP_REASON_STOP = 0
 STOP_REASON_LENGTH = 1
+#: The logprob of an empty `TopkLogprobs` cell (its token id is 0), as the SDK defines it.
+TOPK_EMPTY_LOGPROB = -99999.0
 
 _PROTO_TO_NUMPY: dict[int, np.dtype[Any]] = {
     DTYPE_FLOAT32: np.dtype("<f4"),
@@ -142,9 +144,26 @@ def _file() -> descriptor_pb2.FileDescriptorProto:
                 [
                     _field("sequences", 1, msg_t, repeated=True, type_name="SampledSequence"),
                     _field("prompt_logprobs", 2, _F.TYPE_BYTES, oneof=0, proto3_optional=True),
+                    _field(
+                        "topk_prompt_logprobs",
+                        3,
+                        msg_t,
+                        type_name="TopkLogprobs",
+                        oneof=1,
+                        proto3_optional=True,
+                    ),
                     _field("prompt_cache_hit_tokens", 4, _F.TYPE_INT32),
                 ],
-                oneofs=["_prompt_logprobs"],
+                oneofs=["_prompt_logprobs", "_topk_prompt_logprobs"],
+            ),
+            _message(
+                "TopkLogprobs",
+                [
+                    _field("token_ids", 1, _F.TYPE_BYTES),
+                    _field("logprobs", 2, _F.TYPE_BYTES),
+                    _field("k", 3, _F.TYPE_INT32),
+                    _field("length", 4, _F.TYPE_INT32),
+                ],
             ),
             _message(
                 "SampledSequence",
@@ -533,6 +552,40 @@ def _sample_response(result: Mapping[str, Any]) -> Any:
         # The wire marks positions without a logprob (the first prompt token) as NaN.
         values = [math.nan if v is None else float(v) for v in prompt_logprobs]
         out.prompt_logprobs = np.asarray(values, dtype="<f4").tobytes()
+    topk = result.get("topk_prompt_logprobs")
+    if topk is not None:
+        _topk_logprobs(out.topk_prompt_logprobs, topk)
     if result.get("prompt_cache_hit_tokens"):
         out.prompt_cache_hit_tokens = int(result["prompt_cache_hit_tokens"])
     return out
+
+
+def _topk_logprobs(msg: Any, rows: list[Any]) -> None:
+    """Per-position top-k pairs (None where nothing was scored) as the SDK's dense
+    `TopkLogprobs`: row-major [length, k] matrices whose empty cells hold the sentinel
+    (token 0, logprob -99999); the SDK reads an all-sentinel row back as None."""
+    pairs = [None if row is None else _topk_pairs(row) for row in rows]
+    # At least one column: a prompt with nothing scored still reads back as [None, ...].
+    k = max((len(p[0]) for p in pairs if p is not None), default=0) or 1
+    ids = np.zeros((len(rows), k), dtype="<i4")
+    logprobs = np.full((len(rows), k), TOPK_EMPTY_LOGPROB, dtype="<f4")
+    for i, pair in enumerate(pairs):
+        if pair is not None:
+            ids[i, : len(pair[0])] = pair[0]
+            logprobs[i, : len(pair[1])] = pair[1]
+    msg.token_ids = ids.tobytes()
+    msg.logprobs = logprobs.tobytes()
+    msg.k = k
+    msg.length = len(rows)
+
+
+def _topk_pairs(row: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(token ids, logprobs) of one position: a structured (token_id, logprob) row, as a
+    localplane trainer keeps them, or JSON's [[id, logprob], ...]."""
+    arr = np.asarray(row)
+    if arr.dtype.names:
+        return arr[arr.dtype.names[0]], arr[arr.dtype.names[1]]
+    if arr.size == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0)
+    arr = arr.astype(np.float64).reshape(-1, 2)
+    return arr[:, 0].astype(np.int64), arr[:, 1]

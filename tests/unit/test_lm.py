@@ -7,6 +7,7 @@ import threading
 import numpy as np
 import pytest
 
+from localplane.trainer import lm as lm_module
 from localplane.trainer.lm import (
     EOS,
     VOCAB_SIZE,
@@ -17,6 +18,7 @@ from localplane.trainer.lm import (
     encode,
     write_tokenizer_dir,
 )
+from localplane.trainer.numpy_backend import _loss_tokens
 
 TEXT = "the quick brown fox jumps over the lazy dog. "
 ADAM = {"beta1": 0.9, "beta2": 0.95, "eps": 1e-12}
@@ -145,6 +147,145 @@ def test_gradients_match_finite_differences(loss_fn: str, lora_rank: int):
     # Not a vacuous check: some gradients are far from zero.
     assert max(float(np.abs(g).max()) for g in grads.values()) > 1e-2
     assert checked > 50
+
+
+def _soft_targets(rng, length: int, k: int):
+    """A [length, k] distillation datum's targets and weights: distinct tokens per row, the
+    last column repeating the first at weight 0 (the cookbook pads short rows so), a row of
+    zero weights (a prompt position), and a row naming one token twice with weight (both
+    count)."""
+    targets = np.stack([rng.choice(VOCAB_SIZE, size=k, replace=False) for _ in range(length)])
+    weights = rng.dirichlet(np.ones(k), size=length)
+    targets[:, -1], weights[:, -1] = targets[:, 0], 0.0
+    weights[0] = 0.0
+    targets[1, 1] = targets[1, 0]
+    return targets, weights
+
+
+@pytest.mark.parametrize("lora_rank", [0, 3])
+def test_soft_target_cross_entropy_gradient_matches_finite_differences(lora_rank, monkeypatch):
+    """cross_entropy with K weighted targets a position (target_tokens and weights [T, K]):
+    loss = -sum_{t,k} w[t,k] log p(target[t,k] | t), through the whole model, against central
+    differences; blocks of 4 positions, so rows of one datum span several blocks, beside a
+    plain [T] datum in the same batch."""
+    monkeypatch.setattr(lm_module, "CHUNK", 4)
+    cfg = LMConfig("fd-soft", lora_rank=lora_rank, context=3, embed=4, hidden=6)
+    model = CausalLM(cfg, seed=2)
+    rng = np.random.default_rng(4)
+    if lora_rank:
+        for name in ("w1_lora_b", "w2_lora_b"):
+            model.params[name] = rng.normal(0.0, 0.3, size=model.params[name].shape)
+    datums = []
+    for length, k in ((6, 3), (9, 4)):
+        tokens = rng.integers(0, VOCAB_SIZE, size=length)
+        targets, weights = _soft_targets(rng, length, k)
+        datums.append((tokens, {"target_tokens": targets, "weights": weights}))
+    plain = rng.integers(0, VOCAB_SIZE, size=6)
+    datums.append(ce_datum(plain.tolist(), rng.choice([0.5, 2.0], size=5).tolist()))
+
+    outputs, metrics, grads = model.forward_backward(datums, "cross_entropy")
+    assert [o["logprobs"].shape for o in outputs] == [(6, 3), (9, 4), (5,)]
+    expected = -sum(
+        float((np.asarray(raw["weights"], dtype=np.float64) * o["logprobs"]).sum())
+        for (_, raw), o in zip(datums, outputs, strict=True)
+    )
+    assert metrics["loss:sum"] == pytest.approx(expected, rel=1e-5)
+
+    def loss() -> float:
+        return model.forward_backward(datums, "cross_entropy", backward=False)[1]["loss:sum"]
+
+    assert grads is not None and set(grads) == set(model.params)
+    checked = 0
+    for name, param in model.params.items():
+        flat, g = param.reshape(-1), grads[name].reshape(-1)
+        picks = set(rng.choice(flat.size, size=min(25, flat.size), replace=False).tolist())
+        picks.add(int(np.argmax(np.abs(g))))
+        for i in sorted(picks):
+            old = flat[i]
+            flat[i] = old + 1e-6
+            up = loss()
+            flat[i] = old - 1e-6
+            down = loss()
+            flat[i] = old
+            assert (up - down) / 2e-6 == pytest.approx(g[i], rel=1e-5, abs=1e-7), (name, i)
+            checked += 1
+    assert max(float(np.abs(g).max()) for g in grads.values()) > 1e-2
+    assert checked > 50
+
+
+def test_soft_targets_score_each_column_as_a_plain_target_would():
+    """A [T, K] datum's logprobs are, column by column, those of the [T] datum with that
+    column as its targets; K = 1 gives the [T] datum's loss and gradients; the other losses,
+    and inputs of another shape, are refused naming the field."""
+    model = CausalLM(LMConfig("soft-base", context=4, embed=8, hidden=16))
+    rng = np.random.default_rng(0)
+    tokens = np.asarray(encode("soft targets"), dtype=np.int64)
+    targets, weights = _soft_targets(rng, len(tokens), 5)
+    (soft,), metrics, _ = model.forward_backward(
+        [(tokens, {"target_tokens": targets, "weights": weights})], "cross_entropy", backward=False
+    )
+    assert soft["logprobs"].shape == soft["elementwise_loss"].shape == (len(tokens), 5)
+    for k in range(5):
+        (column,), _, _ = model.forward_backward(
+            [(tokens, {"target_tokens": targets[:, k]})], "cross_entropy", backward=False
+        )
+        assert soft["logprobs"][:, k].tolist() == column["logprobs"].tolist()
+    assert soft["elementwise_loss"] == pytest.approx(-weights * soft["logprobs"], rel=1e-6)
+
+    one = {"target_tokens": targets[:, :1], "weights": weights[:, :1] + 0.5}
+    flat = {"target_tokens": targets[:, 0], "weights": weights[:, 0] + 0.5}
+    (o1,), m1, g1 = model.forward_backward([(tokens, one)], "cross_entropy")
+    (o2,), m2, g2 = model.forward_backward([(tokens, flat)], "cross_entropy")
+    assert o1["logprobs"].shape == (len(tokens), 1) and o2["logprobs"].shape == (len(tokens),)
+    assert m1["loss:sum"] == pytest.approx(m2["loss:sum"], rel=1e-12)
+    for name in g2:
+        assert g1[name] == pytest.approx(g2[name], rel=1e-9, abs=1e-12)
+
+    # grad_accumulation_normalization's num_loss_tokens counts positions, not targets.
+    assert _loss_tokens({"target_tokens": targets, "weights": weights}) == len(tokens) - 1
+
+    rl = {"target_tokens": targets, "logprobs": weights, "advantages": weights}
+    with pytest.raises(ValueError, match=r"target_tokens.*cross_entropy only"):
+        model.forward_backward([(tokens, rl)], "importance_sampling")
+    for bad, field in (
+        ({"target_tokens": targets, "weights": weights[:, 0]}, "weights"),
+        ({"target_tokens": targets[:-1]}, "target_tokens"),
+        ({"target_tokens": targets[:, :0]}, "target_tokens"),
+    ):
+        with pytest.raises(ValueError, match=field):
+            model.forward_backward([(tokens, bad)], "cross_entropy")
+
+
+def test_prompt_topk_is_the_head_of_the_sorted_distribution():
+    model = CausalLM(LMConfig("topk-base"))
+    tokens = encode("top k logprobs")
+    first, ids, logprobs = model.prompt_topk(tokens, 6)
+    assert first == 1 and ids.shape == logprobs.shape == (len(tokens) - 1, 6)
+    every = [
+        model.forward_backward(
+            [(np.asarray(tokens[:-1]), {"target_tokens": np.full(len(tokens) - 1, v)})],
+            "cross_entropy",
+            backward=False,
+        )[0][0]["logprobs"]
+        for v in range(VOCAB_SIZE)
+    ]
+    table = np.stack(every, axis=1)  # [positions, vocab]
+    for row in range(len(tokens) - 1):
+        order = np.argsort(-table[row], kind="stable")[:6]
+        assert ids[row].tolist() == order.tolist()
+        assert logprobs[row] == pytest.approx(table[row][order], rel=1e-6)
+        assert np.all(np.diff(logprobs[row]) <= 0)
+    # The target's own logprob is prompt_logprobs', wherever it ranks in the top k.
+    scored = model.prompt_logprobs(tokens)
+    for row in range(len(tokens) - 1):
+        if tokens[row + 1] in ids[row]:
+            at = ids[row].tolist().index(tokens[row + 1])
+            assert logprobs[row][at] == pytest.approx(scored[row + 1], rel=1e-12)
+    last_first, last_ids, _ = model.prompt_topk(tokens, 3, last_n=2)
+    assert last_first == len(tokens) - 2 and last_ids.tolist() == ids[-2:, :3].tolist()
+    assert model.prompt_topk(tokens[:1], 3)[1].shape == (0, 3)
+    with pytest.raises(ValueError, match="k must be"):
+        model.prompt_topk(tokens, 0)
 
 
 def test_outputs_are_tinker_shaped_and_losses_follow_their_formulas():

@@ -12,6 +12,8 @@ from tinker.proto.response_conv import (
     deserialize_sample_response,
 )
 
+from localplane.trainer.backend import PromptTopk
+from localplane.trainer.sampling import topk_wire
 from shepherd.tinker_wire import proto as proto_dialect
 
 
@@ -131,6 +133,42 @@ def test_sample_response_reads_back_in_the_sdk() -> None:
     assert out.prompt_logprobs is not None
     assert out.prompt_logprobs[0] is None  # NaN on the wire, None in the SDK
     assert out.prompt_logprobs[1] == pytest.approx(-1.5)
+
+
+def test_topk_prompt_logprobs_read_back_in_the_sdk() -> None:
+    """Top-k prompt logprobs as the SDK's dense TopkLogprobs: unscored positions read back as
+    None, rows as (token id, logprob) pairs, from a trainer's structured rows or JSON pairs;
+    a [T, K] forward output reads back with its shape."""
+    rows = topk_wire(
+        PromptTopk(1, np.array([[7, 3], [3, 7]]), np.array([[-0.5, -1.25], [-0.25, -2.0]]))
+    )
+    expected = [None, [(7, -0.5), (3, -1.25)], [(3, -0.25), (7, -2.0)]]
+    as_json = [None, [[7, -0.5], [3, -1.25]], [[3, -0.25], [7, -2.0]]]
+    for topk in (rows, as_json):
+        result = {"sequences": [], "topk_prompt_logprobs": topk}
+        out = deserialize_sample_response(proto_dialect.encode_result("asample", result))
+        assert out.topk_prompt_logprobs == expected
+        assert out.prompt_logprobs is None
+    nothing = {"sequences": [], "topk_prompt_logprobs": [None]}  # a one-token prompt
+    assert deserialize_sample_response(
+        proto_dialect.encode_result("asample", nothing)
+    ).topk_prompt_logprobs == [None]
+    absent = deserialize_sample_response(proto_dialect.encode_result("asample", {"sequences": []}))
+    assert absent.topk_prompt_logprobs is None
+
+    grid = np.arange(6, dtype=np.float32).reshape(3, 2)
+    out = deserialize_forward_backward_output(
+        proto_dialect.encode_result(
+            "forward",
+            {
+                "loss_fn_outputs": [
+                    {"logprobs": {"data": grid.reshape(-1), "dtype": "float32", "shape": [3, 2]}}
+                ]
+            },
+        )
+    )
+    assert out.loss_fn_outputs[0]["logprobs"].shape == [3, 2]
+    assert out.loss_fn_outputs[0]["logprobs"].to_numpy().tolist() == grid.tolist()
 
 
 def test_unknown_stop_reason_is_rejected() -> None:
