@@ -4,7 +4,8 @@ trainer (``forward_backward_custom`` plus the reference sampler's ``compute_logp
 periodic and rolling checkpoints; then the REST surface the cookbook uses, through the
 tinker SDK's own ``RestClient``: training runs by tinker path (the renderer in
 ``user_metadata``), checkpoint listing and deletion, TTLs expiring, sessions, server
-capabilities."""
+capabilities. Self-distillation (``recipes/sdft``): the teacher's top-k prompt logprobs and
+cross_entropy on [T, K] soft targets, forward KL and reverse KL (a client-side loss)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import time
 import uuid
 from pathlib import Path
 
+import datasets
 import pytest
 import tinker
 
@@ -140,4 +142,53 @@ def test_dpo_custom_loss_rest_surface_and_checkpoint_ttl(
     ] == ["weights/final"]
     with pytest.raises(tinker.APIStatusError):
         rest.delete_checkpoint_from_tinker_path(final["sampler_path"]).result(RESULT_TIMEOUT)
+    sdk_http.delete_job(account, job_id)
+
+
+def test_sdft_distils_the_teachers_top_k(sdk_http: PlaneHttp, tmp_path: Path) -> None:
+    """``recipes/sdft`` unmodified, with its defaults for what it asks of the service: the
+    teacher's top-20 prompt logprobs at every completion position, then ``cross_entropy`` on
+    [T, 20] soft targets (forward KL). Its dataset is ToolAlpaca from a local Arrow directory
+    (``toolalpaca_data_path``), a few made-up rows. (Its ``reverse=True`` mode, a client-side
+    loss over [T, K] logprobs, is the SDK test's ``forward_backward_custom`` case.)"""
+    account, job_id, base_url = _trainer(sdk_http, "sdft")
+    env = cb.recipe_env(base_url, account.api_key, cb.hf_home(tmp_path))
+    rows = {
+        "prompt": [f"What is {a} plus {a}?" for a in range(1, 7)],
+        "golden_response": [f"{a} plus {a} is {2 * a}." for a in range(1, 7)],
+    }
+    data_path = tmp_path / "toolalpaca"
+    datasets.Dataset.from_dict(rows).save_to_disk(str(data_path))
+    log = tmp_path / "sdft"
+    cb.run_recipe(
+        "tinker_cookbook.recipes.sdft.train",
+        [
+            f"model_name={cb.MODEL}",
+            f"renderer_name={cb.RENDERER}",
+            "lora_rank=4",
+            "dataset=toolalpaca",
+            f"toolalpaca_data_path={data_path}",
+            "groups_per_batch=2",
+            "max_tokens=8",
+            "max_steps=2",
+            "learning_rate=1e-2",
+            "eval_every=0",
+            "save_every=0",
+            f"log_path={log}",
+            "behavior_if_log_dir_exists=delete",
+        ],
+        env,
+        cwd=tmp_path,
+    )
+    steps = cb.metrics(log)
+    assert len(steps) == 2 and steps[-1]["progress/done_frac"] == 1.0, steps
+    for step in steps:
+        assert step["sdft/topk"] == 20.0 and step["sdft/total_completion_tokens"] > 0, step
+        # Positions past the first three completion tokens were distilled, from a teacher
+        # distribution that is not one-hot.
+        assert step["sdft/mean_teacher_entropy"] > 0.0, step
+    losses = sdk_http.trainer_tables(account, job_id)["losses"]
+    assert losses.get("forward_backward:cross_entropy", 0) >= 2, losses
+    saved = [json.loads(line) for line in (log / "checkpoints.jsonl").read_text().splitlines()]
+    assert [s["name"] for s in saved if "state_path" in s] == ["final"], saved
     sdk_http.delete_job(account, job_id)

@@ -9,7 +9,9 @@ replica that has not learned a fresh route is fatal to it, although the trainer 
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
+import numpy as np
 import pytest
 import tinker
 from tinker import types
@@ -336,4 +338,127 @@ def test_a_weights_only_load_starts_a_new_run_whose_names_are_its_own(
         assert run_b.save_state("000002").result(RESULT_TIMEOUT).path == path_b
     finally:
         service.close("success").result(RESULT_TIMEOUT)
+    sdk_http.delete_job(account, job_id)
+
+
+def _soft_datum(tokens: list[int], topk: list[list[tuple[int, float]] | None]) -> types.Datum:
+    """A top-k distillation datum as the cookbook builds one (distillation/sdft.py): position
+    ``i`` of ``tokens[:-1]`` gets the teacher's top-k at prompt position ``i + 1``,
+    renormalized, as ``[T, K]`` targets and weights."""
+    rows = topk[1:]
+    assert all(row is not None for row in rows)
+    targets = [[tok for tok, _ in row] for row in rows if row is not None]
+    weights = []
+    for row in rows:
+        assert row is not None
+        logps = np.array([lp for _, lp in row])
+        probs = np.exp(logps - np.logaddexp.reduce(logps))
+        weights.append(probs.tolist())
+    shape = [len(rows), len(rows[0] or [])]
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={
+            "target_tokens": types.TensorData(
+                data=[t for row in targets for t in row], dtype="int64", shape=shape
+            ),
+            "weights": types.TensorData(
+                data=[w for row in weights for w in row], dtype="float32", shape=shape
+            ),
+        },
+    )
+
+
+def test_topk_prompt_logprobs_and_soft_target_cross_entropy(sdk_http: PlaneHttp) -> None:
+    """What self-distillation recipes send (tinker-cookbook's sdft, off-policy distillation):
+    a teacher's top-k prompt logprobs from a sampler, then cross_entropy on [T, K] targets and
+    weights — through the unmodified SDK (sample results and forward_backward in protobuf)."""
+    account = sdk_http.new_account("tinker")
+    job_id = f"topk-{uuid.uuid4().hex[:8]}"
+    sdk_http.create_job(account, job_id, lora_rank=4)
+    sdk_http.wait_state(account, job_id, "JOB_STATE_RUNNING")
+    sdk_http.warm(account, sdk_http.trainer_base_url(account, job_id))
+    service = _service(sdk_http, account, job_id)
+    try:
+        training = service.create_lora_training_client(base_model=BASE_MODEL, rank=4).result(
+            RESULT_TIMEOUT
+        )
+        # The teacher: the base model, as sdft's static teacher is.
+        teacher = service.create_sampling_client(base_model=BASE_MODEL).result(RESULT_TIMEOUT)
+        tokens = list(b"hello world\n")
+        k = 5
+        answer = teacher.sample(
+            types.ModelInput.from_ints(tokens),
+            num_samples=1,
+            sampling_params=types.SamplingParams(max_tokens=1),
+            include_prompt_logprobs=True,
+            topk_prompt_logprobs=k,
+        ).result(RESULT_TIMEOUT)
+        topk, scored = answer.topk_prompt_logprobs, answer.prompt_logprobs
+        assert topk is not None and scored is not None and len(topk) == len(tokens)
+        assert topk[0] is None and scored[0] is None  # no context for the first token
+        for i, row in enumerate(topk[1:], start=1):
+            assert row is not None and len(row) == k
+            ids, logps = [t for t, _ in row], [lp for _, lp in row]
+            assert len(set(ids)) == k and all(0 <= t < 257 for t in ids)
+            assert logps == sorted(logps, reverse=True) and logps[0] <= 0.0
+            assert sum(np.exp(logps)) <= 1.0 + 1e-5
+            if tokens[i] in ids:  # the prompt token's own logprob, where it ranks in the top k
+                assert logps[ids.index(tokens[i])] == pytest.approx(scored[i], abs=1e-5)
+            else:
+                assert scored[i] <= logps[-1] + 1e-6
+        last = teacher.sample(
+            types.ModelInput.from_ints(tokens),
+            num_samples=1,
+            sampling_params=types.SamplingParams(max_tokens=1),
+            include_prompt_logprobs=True,
+            topk_prompt_logprobs=2,
+            prompt_logprobs_last_n=3,
+        ).result(RESULT_TIMEOUT)
+        assert last.topk_prompt_logprobs is not None
+        assert [row is None for row in last.topk_prompt_logprobs] == [True] * 9 + [False] * 3
+        assert last.topk_prompt_logprobs[-1] == topk[-1][:2]
+        with pytest.raises(
+            tinker.APIStatusError, match=r"topk_prompt_logprobs: must be in \[0, 64\]"
+        ):
+            teacher.sample(
+                types.ModelInput.from_ints(tokens),
+                num_samples=1,
+                sampling_params=types.SamplingParams(max_tokens=1),
+                topk_prompt_logprobs=65,
+            ).result(RESULT_TIMEOUT)
+
+        # Distil: cross_entropy on [T, K] soft targets; the outputs have the targets' shape
+        # and the loss is -sum(w * logp) over every (t, k).
+        datum = _soft_datum(tokens, topk)
+        before = training.forward([datum], "cross_entropy").result(RESULT_TIMEOUT)
+        logprobs = before.loss_fn_outputs[0]["logprobs"]
+        assert logprobs.shape == [len(tokens) - 1, k]
+        weights = datum.loss_fn_inputs["weights"].to_numpy().reshape(len(tokens) - 1, k)
+        expected = -float((weights * logprobs.to_numpy().reshape(weights.shape)).sum())
+        assert _loss(before) == pytest.approx(expected, rel=1e-4)
+        losses = []
+        for _ in range(3):
+            fb = training.forward_backward([datum], "cross_entropy")
+            training.optim_step(ADAM).result(RESULT_TIMEOUT)
+            losses.append(_loss(fb.result(RESULT_TIMEOUT)))
+        assert losses[0] == pytest.approx(_loss(before)) and losses[-1] < losses[0], losses
+
+        # A client-side loss over [T, K] logprobs (sdft's reverse-KL path): the forward
+        # answers [T, K], the SDK sends back -dC/dlogp as [T, K] weights.
+        shapes = []
+
+        def reverse_kl(data: list[types.Datum], logprobs_list: list[Any]) -> tuple[Any, dict]:
+            lp = logprobs_list[0]
+            shapes.append(tuple(lp.shape))
+            p = lp.softmax(dim=-1)
+            return (p * (lp.log_softmax(dim=-1) - lp.detach())).sum(), {}
+
+        training.forward_backward_custom([datum], reverse_kl).result(RESULT_TIMEOUT)
+        training.optim_step(ADAM).result(RESULT_TIMEOUT)
+        assert shapes == [(len(tokens) - 1, k)]
+    finally:
+        service.close("success").result(RESULT_TIMEOUT)
+    served = sdk_http.data_plane(account, job_id)
+    assert served.get("protobuf:forward_backward", 0) + served.get("protobuf:forward", 0) >= 5
+    assert sdk_http.trainer_tables(account, job_id)["losses"]["forward_backward:cross_entropy"] >= 4
     sdk_http.delete_job(account, job_id)

@@ -165,7 +165,8 @@ async def test_create_model_refuses_what_it_cannot_build(account: Account) -> No
 
 SAMPLE_REFUSED: list[Any] = [
     pytest.param({"topk_sample_logprobs": 5}, "topk_sample_logprobs", id="topk-sample"),
-    pytest.param({"topk_prompt_logprobs": 5}, "topk_prompt_logprobs", id="topk-prompt"),
+    pytest.param({"topk_prompt_logprobs": 65}, "topk_prompt_logprobs", id="topk-prompt-over"),
+    pytest.param({"topk_prompt_logprobs": -1}, "topk_prompt_logprobs", id="topk-prompt-neg"),
     pytest.param(
         {"target_prompt_logprobs": {"data": [1], "dtype": "int64", "shape": [1, 1]}},
         "target_prompt_logprobs",
@@ -200,7 +201,7 @@ async def test_sampling_refuses_what_it_cannot_compute(account: Account) -> None
             answer = await api.raw("asample", body)
             assert answer.status_code == 400, (param.id, answer.text)
             assert field in answer.json()["error"]["message"], param.id
-        # What is supported works: prompt logprobs of the last 2 positions only.
+        # What is supported works: prompt logprobs (and their top 3) of the last 2 positions.
         ok = await api.call(
             "asample",
             {
@@ -211,11 +212,19 @@ async def test_sampling_refuses_what_it_cannot_compute(account: Account) -> None
                 "sampling_params": {"max_tokens": 2, "top_k": 3},
                 "prompt_logprobs": True,
                 "prompt_logprobs_last_n": 2,
+                "topk_prompt_logprobs": 3,
             },
         )
         result = await api.result(ok)
         scored = [lp is not None for lp in result["prompt_logprobs"]]
         assert scored == [False, False, False, True, True]
+        # JSON: per position null or [[token id, logprob], ...], most likely first.
+        topk = result["topk_prompt_logprobs"]
+        assert [row is not None for row in topk] == scored
+        for row, target, lp in zip(topk[3:], b"lo", result["prompt_logprobs"][3:], strict=True):
+            assert len(row) == 3 and all(len(pair) == 2 for pair in row)
+            assert [p[1] for p in row] == sorted((p[1] for p in row), reverse=True)
+            assert lp <= row[0][1] and (target not in [p[0] for p in row] or lp >= row[2][1])
     finally:
         await api.aclose()
         await account.client.delete_job(trainer.job_id)
