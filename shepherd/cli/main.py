@@ -6,10 +6,13 @@ server, localplane, workers); it imports them lazily, only in the commands that 
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -115,6 +118,114 @@ def _register_user_commands() -> None:
 
 
 _register_user_commands()
+
+# The connection options are accepted after a command's name too (`shepherd list --address
+# HOST:PORT`), not only before it, where click alone looks for a group's options. Each
+# command that talks to Temporal gets them as options of its own (so its --help shows them);
+# given there, they win over the ones before the name.
+
+#: Commands that never talk to Temporal's frontend as a client (they run parts, or check a
+#: file offline); `worker` has its own --task-queue.
+_OFFLINE = {"plane", "server", "worker", "dev", "demo", "validate"}
+#: Commands for which the task queue means something: they start work on the workers' queue.
+_ON_A_QUEUE = {
+    ("submit",),
+    ("retry",),
+    ("sweep", "submit"),
+    ("schedule", "create"),
+    ("reaper", "install"),
+    ("reaper", "run"),
+}
+_PANEL = "Connection (also before the command)"
+_CONNECTION_OPTIONS: dict[str, tuple[str, Any]] = {
+    "address": (
+        "connection_address",
+        Annotated[
+            str | None,
+            typer.Option(
+                "--address",
+                help="Temporal frontend, host:port (env TEMPORAL_ADDRESS).",
+                rich_help_panel=_PANEL,
+                show_default=False,
+            ),
+        ],
+    ),
+    "namespace": (
+        "connection_namespace",
+        Annotated[
+            str | None,
+            typer.Option(
+                "--namespace",
+                help="Temporal namespace (env TEMPORAL_NAMESPACE).",
+                rich_help_panel=_PANEL,
+                show_default=False,
+            ),
+        ],
+    ),
+    "task_queue": (
+        "connection_task_queue",
+        Annotated[
+            str | None,
+            typer.Option(
+                "--task-queue",
+                help="The workers' task queue (env SHEPHERD_TASK_QUEUE).",
+                rich_help_panel=_PANEL,
+                show_default=False,
+            ),
+        ],
+    ),
+}
+
+
+def _with_connection(command: Callable[..., Any], fields: list[str]) -> Callable[..., Any]:
+    """``command`` with the connection options ``fields`` as options of its own."""
+    from shepherd.cli.common import CONNECTION
+
+    @functools.wraps(command)
+    def connected(*args: Any, **kwargs: Any) -> Any:
+        for field in fields:
+            value = kwargs.pop(_CONNECTION_OPTIONS[field][0])
+            if value is not None:
+                setattr(CONNECTION, field, value)
+        return command(*args, **kwargs)
+
+    signature = inspect.signature(command, eval_str=True)
+    added = [
+        inspect.Parameter(
+            _CONNECTION_OPTIONS[f][0],
+            inspect.Parameter.KEYWORD_ONLY,
+            default=None,
+            annotation=_CONNECTION_OPTIONS[f][1],
+        )
+        for f in fields
+    ]
+    params = list(signature.parameters.values())
+    connected.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=[*params, *added]
+    )
+    connected.__annotations__ = {
+        **{p.name: p.annotation for p in params},
+        **{p.name: p.annotation for p in added},
+        "return": signature.return_annotation,
+    }
+    return connected
+
+
+def _add_connection_options(typer_app: typer.Typer, path: tuple[str, ...] = ()) -> None:
+    for info in typer_app.registered_commands:
+        assert info.callback is not None
+        name = info.name or info.callback.__name__.replace("_", "-")
+        where = (*path, name)
+        if not path and name in _OFFLINE:
+            continue
+        fields = ["address", "namespace"] + (["task_queue"] if where in _ON_A_QUEUE else [])
+        info.callback = _with_connection(info.callback, fields)
+    for group in typer_app.registered_groups:
+        assert group.typer_instance is not None and group.name is not None
+        _add_connection_options(group.typer_instance, (*path, group.name))
+
+
+_add_connection_options(app)
 
 STATE_DIR = Path(".shepherd")
 

@@ -33,8 +33,8 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print data as JSON.")]
 GraceOption = Annotated[
     str | None,
     typer.Option(
-        help="Delete a trainer once its job has been closed this long "
-        f"[default: the installed reaper's, else {duration_text(REAPER_GRACE.total_seconds())}]",
+        help="Delete a trainer once its job has been closed this long (default: the "
+        f"installed reaper's grace, else {duration_text(REAPER_GRACE.total_seconds())}).",
         show_default=False,
     ),
 ]

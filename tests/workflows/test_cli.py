@@ -251,3 +251,51 @@ async def test_watched_progress_moves_within_a_chunk(stack: Stack) -> None:
         seen.add(status.step)
     # The chunk ends at 10; its heartbeat shows the steps before.
     assert seen - {0, 10}, seen
+
+
+async def test_connection_options_go_before_or_after_the_command(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """``--address``, ``--namespace`` (and ``--task-queue`` where the command starts work
+    on a queue) are taken after the command's name as well as before it."""
+    address = stack.client.service_client.config.target_host
+    nowhere = "127.0.0.1:1"
+    # The environment points nowhere: only the option can reach the server.
+    for args in (
+        ("--address", address, "list", "--json"),
+        ("list", "--address", address, "--json"),
+    ):
+        done = await run_cli(*args, address=nowhere)
+        assert done.returncode == 0, (args, done.stderr)
+        assert isinstance(json.loads(done.stdout), list)
+    # Given in both places, the one after the command's name wins.
+    later = await run_cli("--address", address, "list", "--address", nowhere)
+    assert later.returncode == 3 and nowhere in later.stderr
+    for args in (("--namespace", "no-such-ns", "list"), ("list", "--namespace", "no-such-ns")):
+        done = await cli(stack, *args)
+        assert done.returncode == 2 and "namespace" in done.stderr, (args, done.stderr)
+        assert "no-such-ns" in done.stderr
+    # A group's command takes them too.
+    reaped = await run_cli("reaper", "status", "--json", "--address", address, address=nowhere)
+    assert reaped.returncode == 0, reaped.stderr
+
+    # The task queue: without it (and no SHEPHERD_TASK_QUEUE) the default queue, which no
+    # worker here polls, refuses the submission; given either way, the stack's is used.
+    spec = write_spec(stack, tmp_path, "placed")
+    env_queue = os.environ.pop("SHEPHERD_TASK_QUEUE", None)
+    try:
+        refused = await run_cli("submit", str(spec), "--dry-run", address=address)
+        assert refused.returncode == 2, refused.stderr
+        queue = stack.task_queue
+        for args in (
+            ("--task-queue", queue, "submit", str(spec), "--dry-run"),
+            ("submit", str(spec), "--dry-run", "--task-queue", queue),
+        ):
+            done = await run_cli(*args, address=address)
+            assert done.returncode == 0, (args, done.stderr)
+            assert f"on task queue {queue!r}" in done.stdout
+        manual = await run_cli("reaper", "run", "--dry-run", "--task-queue", queue, address=address)
+        assert manual.returncode == 0, manual.stderr
+    finally:
+        if env_queue is not None:
+            os.environ["SHEPHERD_TASK_QUEUE"] = env_queue
