@@ -43,20 +43,56 @@ class Panel:
         return [s for s in self.series if s.points]
 
 
+#: The tracked metric that is the training loss itself (a program's job tracks the step's
+#: training loss): the loss panel draws it, so it is never said to be missing after that.
+TRAINING_LOSS_METRIC = "train_loss"
+
+
+def _tracked_points(status: JobStatus) -> list[CurvePoint]:
+    """The tracked metric's curve; where the status has none (a job that did not keep one),
+    the metric its kept checkpoints carry."""
+    if status.eval_curve:
+        return status.eval_curve
+    return [
+        CurvePoint(step=c.step, value=c.metric)
+        for c in sorted(status.checkpoints, key=lambda c: c.step)
+        if c.metric is not None
+    ]
+
+
 def job_panels(status: JobStatus) -> list[Panel]:
+    """The training loss, then the tracked metric at each checkpoint; a curve with no
+    points is said to be missing once, by its metric's name."""
     metric = status.eval_metric
+    # "yet" only while the job can still record some.
+    yet = "" if status.phase.is_terminal() else " yet"
+    tracked = _tracked_points(status)
+    if metric == TRAINING_LOSS_METRIC:
+        panels = [
+            Panel(
+                f"training loss ({metric}, each step)",
+                metric,
+                [Series(metric, status.loss_curve)],
+                f"no {metric} recorded{yet}",
+            )
+        ]
+        if tracked:  # else: the panel above has drawn it, or said it is missing
+            panels.append(
+                Panel(f"{metric} at each checkpoint", metric, [Series(metric, tracked)], "")
+            )
+        return panels
     return [
         Panel(
             "training loss (mean of each chunk)",
             "loss",
             [Series("loss", status.loss_curve)],
-            "no loss recorded yet",
+            f"no loss recorded{yet}",
         ),
         Panel(
             f"{metric} (at each evaluated checkpoint)",
             metric,
-            [Series(metric, status.eval_curve)],
-            f"no {metric} recorded yet",
+            [Series(metric, tracked)],
+            f"no {metric} recorded{yet}",
         ),
     ]
 

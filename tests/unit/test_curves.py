@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from shepherd.cli import plots
 from shepherd.curves import MAX_CURVE_POINTS, CurvePoint, add_point
-from shepherd.models import JobStatus
+from shepherd.models import CheckpointRecord, JobStatus
+from shepherd.phases import Phase
 
 
 def steps(curve: list[CurvePoint]) -> list[int]:
@@ -106,3 +109,62 @@ def test_a_non_finite_value_is_not_kept() -> None:
     add_point(curve, 2, float("nan"))
     add_point(curve, 3, float("inf"))
     assert [(p.step, p.value) for p in curve] == [(1, 0.5)]
+
+
+def _program_job(*, phase: Phase = Phase.COMPLETED, checkpoints: int = 2) -> JobStatus:
+    """A program's job as its status reads: the tracked metric is the training loss, its
+    checkpoints carry it, and (as before the workflow filled it) no eval curve."""
+    status = JobStatus(phase=phase, eval_metric="train_loss")
+    for step in range(1, 21):
+        add_point(status.loss_curve, step, 3.0 / step)
+    status.checkpoints = [
+        CheckpointRecord(name=f"c/step-{s:08d}", step=s, trainer_job_id="t", metric=3.0 / s)
+        for s in (10, 20)[:checkpoints]
+    ]
+    return status
+
+
+def _said(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("no ")]
+
+
+def test_a_program_jobs_loss_is_never_said_missing_after_it_was_drawn() -> None:
+    text = plots.terminal_text(plots.job_panels(_program_job()), width=90, color=False)
+    assert _said(text) == [], text
+    # Both drawn: the loss of each step, and train_loss at each checkpoint (from the
+    # checkpoints, where the status keeps no eval curve).
+    assert "training loss (train_loss, each step)" in text
+    assert "train_loss at each checkpoint" in text
+    panels = plots.job_panels(_program_job())
+    assert [(p.step, p.value) for p in panels[1].drawn[0].points] == [(10, 0.3), (20, 0.15)]
+
+
+def test_a_program_job_without_checkpoints_draws_its_loss_once() -> None:
+    status = _program_job(phase=Phase.TRAINING, checkpoints=0)
+    text = plots.terminal_text(plots.job_panels(status), width=90, color=False)
+    assert _said(text) == [] and text.count("train_loss") == 1, text
+
+
+def test_an_empty_curve_is_said_once_by_its_metric() -> None:
+    program = JobStatus(eval_metric="train_loss", phase=Phase.TRAINING)
+    text = plots.terminal_text(plots.job_panels(program), width=80, color=False)
+    assert text.splitlines() == ["no train_loss recorded yet"]
+    # A loop's job: the loss drawn, its evaluations not yet.
+    loop = JobStatus(phase=Phase.TRAINING)
+    for step in range(3, 31, 3):
+        add_point(loop.loss_curve, step, 3.0 / step)
+    said = _said(plots.terminal_text(plots.job_panels(loop), width=90, color=False))
+    assert said == ["no eval_loss recorded yet"]
+    # An ended job will record nothing more: no "yet".
+    ended = JobStatus(phase=Phase.FAILED, eval_metric="reward")
+    text = plots.terminal_text(plots.job_panels(ended), width=80, color=False)
+    assert text.splitlines() == ["no loss recorded", "no reward recorded"]
+
+
+def test_a_png_of_a_program_job_says_nothing_is_missing(tmp_path: Path) -> None:
+    if not plots.png_supported():
+        pytest.skip("matplotlib (the plots extra) is not installed")
+    panels = plots.job_panels(_program_job())
+    assert all(p.drawn for p in panels)
+    plots.write_png(panels, tmp_path / "c.png", title="job")
+    assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
