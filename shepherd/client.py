@@ -20,7 +20,7 @@ import functools
 import math
 import re
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -182,14 +182,19 @@ def _translated_iter(
 
     @functools.wraps(method)
     async def call(self: S, *args: P.args, **kwargs: P.kwargs) -> AsyncIterator[T]:
+        inner = method(self, *args, **kwargs)
         try:
-            async for item in method(self, *args, **kwargs):
+            async for item in inner:
                 yield item
         except (RPCError, RuntimeError) as exc:
             error = _api_error_of(self, exc)
             if error is exc:
                 raise
             raise error from None
+        finally:
+            # A caller that stops early closes this one; the method's own cleanup runs now.
+            if isinstance(inner, AsyncGenerator):
+                await inner.aclose()
 
     return call
 
