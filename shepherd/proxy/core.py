@@ -1003,21 +1003,30 @@ class Core:
         self.ids.learn(sampler.trainer_id, sampler.program_id)
 
     async def send_sample(self, op: Op, up: Upstream) -> None:
-        body = dict(op.body)
         sampler = op.sampler
-        if sampler is not None:
-            # Live on this trainer, or made again here; a sampler that cannot be made again
-            # is refused with its reason (never sent under the program's id).
-            await self.ensure_sampler(sampler, up)
-            body["sampling_session_id"] = sampler.trainer_id
-        if isinstance(body.get("model_path"), str):
-            body["model_path"] = self.ids.trainer_path(body["model_path"])
-        try:
-            ticket = await up.call("POST", "asample", body)
-        except PlatformError as exc:
-            if exc.status_code and 400 <= exc.status_code < 500:
-                raise await self.refusal(up, exc) from None
-            raise
+        for attempt in range(2):
+            body = dict(op.body)
+            if sampler is not None:
+                # Live on this trainer, or made again here; a sampler that cannot be made
+                # again is refused with its reason (never sent under the program's id).
+                await self.ensure_sampler(sampler, up)
+                body["sampling_session_id"] = sampler.trainer_id
+            if isinstance(body.get("model_path"), str):
+                body["model_path"] = self.ids.trainer_path(body["model_path"])
+            try:
+                ticket = await up.call("POST", "asample", body)
+                break
+            except PlatformError as exc:
+                if not (exc.status_code and 400 <= exc.status_code < 500):
+                    raise
+                refused = await self.refusal(up, exc)
+                evicted = isinstance(refused, Refused) and _NOT_HERE in refused.message
+                if evicted and sampler is not None and sampler.kind != "snapshot" and not attempt:
+                    # The trainer let the sampler go (it keeps the most recently used few):
+                    # made again as on a new trainer, once.
+                    sampler.trainer_id, sampler.gen = None, 0
+                    continue
+                raise refused from None
         if not self.live(up):
             raise Detached("asample")
         op.trainer_sequence_ids = [str(s) for s in ticket.get("sample_sequence_ids") or []]

@@ -107,3 +107,103 @@ async def test_a_checkpoint_path_saved_under_one_job_works_in_another(
             )
         )
         assert len(sample["sequences"]) == 1
+
+
+async def test_a_sampler_the_trainer_let_go_is_made_again_not_taken_for_a_loss(
+    rigs: Callable[..., Awaitable[Rig]],
+) -> None:
+    """The trainer keeps its most recently used samplers (localplane: 32): one it evicted is
+    "not on this trainer". The control plane says RUNNING and the trainer still holds the
+    job's model, so that is no loss: the proxy makes the sampler again and answers."""
+    rig = await rigs(checkpoint_every=4)
+    await rig.new_trainer()
+    await rig.attach()
+    async with TinkerHTTP(rig.proxy.url, rig.proxy.api_key) as api:
+        session = await api.session()
+        model = await api.create_model(session, 0, BASE_MODEL, lora_rank=RANK)
+        await model.train(1, 1)
+
+        async def base_sampler(number: int) -> str:
+            answer = await api.call(
+                "create_sampling_session",
+                {
+                    "session_id": session,
+                    "sampling_session_seq_id": number,
+                    "base_model": BASE_MODEL,
+                },
+            )
+            return str(answer["sampling_session_id"])
+
+        kept = await base_sampler(0)
+        before = await _prompt_logprobs(api, kept, 1)
+        for number in range(1, 40):  # more than the trainer keeps
+            await _prompt_logprobs(api, await base_sampler(number), 1)
+        assert await _prompt_logprobs(api, kept, 2) == before
+    assert not any(e.kind == "trainer_lost" for e in rig.events)
+
+
+def _rl_datum(prompt: list[int], sequence: str, sampled: list[int]) -> dict[str, Any]:
+    """A policy-gradient datum that names its sampled sequence (provenance spans) instead of
+    carrying the sampler's log-probabilities, as math_rl's default stable_reinforce sends."""
+    inputs = prompt + sampled[:-1]
+    targets = prompt[1:] + sampled
+    advantages = [0.0] * (len(prompt) - 1) + [1.0] * len(sampled)
+    return {
+        "model_input": {"chunks": [{"type": "encoded_text", "tokens": inputs}]},
+        "loss_fn_inputs": {
+            "target_tokens": {"data": targets, "dtype": "int64", "shape": [len(targets)]},
+            "advantages": {"data": advantages, "dtype": "float32", "shape": [len(targets)]},
+        },
+        "model_input_spans": [
+            {"prompt_tokens": {"sequence_id": sequence, "offset": 0, "length": len(prompt)}},
+            {"sampled_tokens": {"sequence_id": sequence, "offset": 0, "length": len(sampled) - 1}},
+        ],
+        "loss_fn_input_spans": [
+            {"prompt_tokens": {"sequence_id": sequence, "offset": 1, "length": len(prompt) - 1}},
+            {"sampled_tokens": {"sequence_id": sequence, "offset": 0, "length": len(sampled)}},
+        ],
+    }
+
+
+async def test_recorded_sequences_train_on_a_new_trainer_with_the_same_weights(
+    rigs: Callable[..., Awaitable[Rig]],
+) -> None:
+    """stable_reinforce with provenance: sequences sampled on a trainer that is then lost
+    still train (the new trainer never sampled them), the redo included, and the weights
+    come back as they were (digests verified)."""
+    rig = await rigs(checkpoint_every=2)
+    await rig.new_trainer()
+    await rig.attach()
+    prompt = list(b"hello ")
+    async with TinkerHTTP(rig.proxy.url, rig.proxy.api_key) as api:
+        model = await api.create_model(await api.session(), 0, BASE_MODEL, lora_rank=RANK)
+        for step in range(1, 6):
+            sampler = (
+                await model.run("save_weights_for_sampler", {"sampling_session_seq_id": step})
+            )["sampling_session_id"]
+            ticket = await api.call(
+                "asample",
+                {
+                    "sampling_session_id": sampler,
+                    "seq_id": 1,
+                    "prompt": {"chunks": [{"type": "encoded_text", "tokens": prompt}]},
+                    "num_samples": 2,
+                    "record_stability_info": True,
+                    "sampling_params": {"max_tokens": 4, "temperature": 1.0},
+                },
+            )
+            answer = await api.result(ticket)
+            if step == 3:
+                await rig.preempt()  # sampled on the lost trainer, trained on the next
+            data = [
+                _rl_datum(prompt, sequence, list(seq["tokens"]))
+                for sequence, seq in zip(ticket["sample_sequence_ids"], answer["sequences"])
+                if len(seq["tokens"]) > 1
+            ]
+            await model.run(
+                "forward_backward",
+                {"forward_backward_input": {"data": data, "loss_fn": "stable_reinforce"}},
+            )
+            await model.run("optim_step", model.optim_body())
+    restored = rig.attaches[-1]
+    assert restored.models_restored == 1 and restored.digests_match is True
