@@ -197,7 +197,9 @@ async def test_recorded_sequences_train_on_a_new_trainer_with_the_same_weights(
                 await rig.preempt()  # sampled on the lost trainer, trained on the next
             data = [
                 _rl_datum(prompt, sequence, list(seq["tokens"]))
-                for sequence, seq in zip(ticket["sample_sequence_ids"], answer["sequences"])
+                for sequence, seq in zip(
+                    ticket["sample_sequence_ids"], answer["sequences"], strict=True
+                )
                 if len(seq["tokens"]) > 1
             ]
             await model.run(
