@@ -160,7 +160,7 @@ def tokenizer_problem(model: str, env: Mapping[str, str] | None = None) -> str |
             f"from its Hugging Face cache ({cache}: {reason}); put one there ({HOW}): "
             f"python -m shepherd.offline --hf-home {cache.parent} {model} writes localplane's "
             f"byte-level one; for a hosted trainer, HF_HOME={cache.parent} hf download {model} "
-            "--include 'tokenizer*' 'config.json' where there is network"
+            "tokenizer.json tokenizer_config.json config.json where there is network"
         )
     _LOADED.add((model, str(cache)))
     return None
