@@ -241,10 +241,12 @@ class ProgramActivities:
             asyncio.ensure_future(_pump(proc.stderr, "stderr", output, tail)),
         ]
         reporter = asyncio.ensure_future(self._report(handle, run))
+        warned: float | None = None
         try:
             try:
                 while proc.returncode is None:
                     progress.update(step=run.step, loss=run.last_loss)
+                    warned = _warn_if_idle(run.proxy, output, logger, warned)
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(1.0):
                             await proc.wait()
@@ -427,6 +429,31 @@ def _proxy_settings(
         route_race_window_s=s.route_race_window_s,
         state_dir=str(directory),
     )
+
+
+def _warn_if_idle(
+    proxy: ProgramProxy, output: Path, logger: Any, warned: float | None
+) -> float | None:
+    """Say so (in the program's log, which ``shepherd logs`` shows, and the worker's) when the
+    program has sent its RUNNING trainer nothing for ``PROGRAM_IDLE_WARNING``, and again at
+    each such interval; returns when it last said it."""
+    limit = policies.PROGRAM_IDLE_WARNING.total_seconds()
+    idle = proxy.idle_for()
+    now = time.monotonic()
+    if idle is None or idle < limit:
+        return None if idle is not None and idle < limit else warned
+    if warned is not None and now - warned < limit:
+        return warned
+    text = (
+        f"the program has sent its trainer {proxy.trainer_job_id} nothing for "
+        f"{idle / 60:.0f} min; the trainer is RUNNING (its GPUs are held) — is it waiting on "
+        "something else, or stuck?"
+    )
+    stamp = datetime.now(UTC).isoformat(timespec="milliseconds")
+    with output.open("a", encoding="utf-8") as sink:
+        sink.write(json.dumps({"t": stamp, "stream": "shepherd", "line": text}) + "\n")
+    logger.warning("program.idle", idle_s=round(idle), trainer_job_id=proxy.trainer_job_id)
+    return now
 
 
 async def _pump(

@@ -292,6 +292,11 @@ PROGRAM_STOP_GRACE = timedelta(seconds=10)
 #: most this often; checkpoints and a lost trainer at once. ``watch`` sees every step
 #: sooner, in the activity's heartbeat. Every 10 s is 8,640 events a day of training.
 PROGRAM_PROGRESS_EVERY = timedelta(seconds=10)
+#: A program that holds a RUNNING trainer and sends it nothing for this long is said to be
+#: idle, in its log (``shepherd logs``) and the worker's, and again at each such interval:
+#: the GPUs are billed while it thinks, waits on something else, or hangs. A training step
+#: of a real model takes seconds to a few minutes; 10 minutes of nothing is worth a line.
+PROGRAM_IDLE_WARNING = timedelta(minutes=10)
 #: A program restarted after its worker died (the heartbeat timeout notices): the next
 #: attempt starts on another worker at once; a program that keeps dying with its workers
 #: (it is what kills them, say) fails the job after this many attempts.

@@ -553,7 +553,8 @@ class ProgramLogs:
             lines.append(
                 LogLine(
                     time=when,
-                    source="program",
+                    # Shepherd's own notes about the program (an idle trainer) are its.
+                    source="shepherd" if entry.get("stream") == "shepherd" else "program",
                     text=str(entry.get("line", "")),
                     fields={"stream": entry.get("stream")},
                 )

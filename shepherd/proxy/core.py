@@ -117,6 +117,7 @@ class Core:
         self.oneoff: dict[str, Op] = {}
         self.gen = 0
         self.up: Upstream | None = None
+        self._attached_at = 0.0
         #: Set while a trainer is attached (a restore may still be under way).
         self.serving = asyncio.Event()
         self.account: str | None = None
@@ -227,7 +228,18 @@ class Core:
         self.gen += 1
         self.up = up
         self.serving.set()
+        self._attached_at = time.monotonic()
         return self.gen
+
+    def idle_for(self) -> float | None:
+        """How long the attached trainer has had nothing of the program's to do: no request
+        in flight, none answered (None: no trainer attached, so nothing is held)."""
+        if self.up is None:
+            return None
+        if self._pollers:
+            return 0.0
+        last = max(self._attached_at, self.progress.answered_at or 0.0)
+        return time.monotonic() - last
 
     def lose(self, up: Upstream, exc: TrainerGone) -> None:
         """The trainer of ``up`` is gone (seen by the proxy): tell the owner, wait."""

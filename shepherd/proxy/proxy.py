@@ -65,6 +65,11 @@ class ProgramProxy:
     def progress(self) -> ProxyProgress:
         return self._core.progress
 
+    def idle_for(self) -> float | None:
+        """Seconds the attached trainer has had no request of the program's (None: none is
+        attached)."""
+        return self._core.idle_for()
+
     @property
     def restore_point(self) -> str | None:
         """The checkpoint the job's model would be restored from now (its full name)."""

@@ -14,6 +14,7 @@ import json
 import signal
 import uuid
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +83,7 @@ def sft_spec(
         training={
             "total_steps": None,
             "program": program,
-            "args": {"steps": steps, **(args or {})} if program != "idle" else {},
+            "args": {"steps": steps, **(args or {})} if program != "idle" else (args or {}),
         },
         checkpoint={"every_steps": 4, "keep_last": 2},
         **sections,
@@ -206,6 +207,27 @@ async def test_a_program_that_trains_nothing_fails_promotion_at_once(
     assert status.phase is Phase.FAILED and status.error is not None
     assert status.error.type == "NoCheckpoint" and "output.promote" in status.error.message
     assert status.cleanup == "done"
+
+
+async def test_a_program_that_holds_its_trainer_idle_is_told_in_its_log(
+    stack: Stack, programs_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A RUNNING trainer the program sends nothing to is said to be idle, in the job's story
+    (``shepherd logs``), once per interval (here 1 s instead of 10 min)."""
+    from workflows import policies
+
+    monkeypatch.setattr(policies, "PROGRAM_IDLE_WARNING", timedelta(seconds=1))
+    spec = sft_spec(
+        stack, "daydream", program="idle", args={"sleep": 6}, output={"promote": "none"}
+    )
+    handle = await stack.start(spec)
+    final: JobStatus = await handle.result()
+    assert final.phase is Phase.COMPLETED
+    logs = await run_cli("logs", handle.id, stack=stack)
+    assert logs.returncode == 0, logs.stderr
+    said = [line for line in logs.stdout.splitlines() if "has sent its trainer" in line]
+    assert said and all("[shepherd]" in line for line in said), logs.stdout
+    assert len(said) <= 6
 
 
 async def until_printed(directory: Path, handle: WorkflowHandle[Any, Any], step: int) -> None:
