@@ -48,7 +48,7 @@ async def test_a_submission_no_worker_can_run_is_refused(stack: Stack, tmp_path:
     refusals: dict[str, SubmissionRefused] = {}
     for case, kwargs in {
         "scheduling.queue": {"spec": _data("noq", scheduling={"queue": "no-such-queue"})},
-        "task_queue": {"spec": _data("bogus"), "task_queue": "bogus q"},
+        "task_queue": {"spec": _data("bogus"), "task_queue": "bogus-q"},
         "training.loop": {"spec": _data("noloop", training={"loop": "not-registered"})},
     }.items():
         with pytest.raises(SubmissionRefused) as refused:
