@@ -7,6 +7,7 @@ demo."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -420,7 +421,9 @@ class DevStack:
         lookup would replace the stand-in with the Hub's real tokenizer. Other names:
         ``python -m shepherd.offline --hf-home <state dir>/hf-home MODEL``."""
         for model in offline.DEV_MODELS:
-            offline.write_hf_cache(self.hf_home, model)
+            # A snapshot a user put there on purpose (a real download) stays as it is.
+            with contextlib.suppress(offline.OfflineError):
+                offline.write_hf_cache(self.hf_home, model)
         return offline.offline_env(self.hf_home)
 
     def dead(self) -> str | None:

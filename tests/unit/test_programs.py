@@ -308,6 +308,10 @@ def test_a_cookbook_recipe_registered_by_hand_resumes_instead_of_asking(module: 
         "log_path=/logs/j",
     ]
     assert program.problem() is None and "behavior_if_log_dir_exists" in program.fixed_keys
+    # The command the built-in registration of the same recipe runs (tests/workflows/
+    # test_examples_run.py runs that one to its end).
+    builtin = {p.module: p for p in programs.registered({}).values()}[module]
+    assert builtin.command("/py", {"max_steps": 3}, Path("/logs/j")) == argv
     # The registration's own choice stands; modules outside the cookbook are not touched.
     chosen = _by_hand(module, args=["behavior_if_log_dir_exists=raise"])
     assert chosen.args == ("behavior_if_log_dir_exists=raise",)
