@@ -173,9 +173,27 @@ class Rig:
         self.attaches.append(result)
         return result
 
-    async def wait_step(self, step: int, timeout: float = 60.0) -> None:
-        async with asyncio.timeout(timeout):
+    async def wait_step(
+        self, step: int, proc: asyncio.subprocess.Process | None = None, timeout: float = 60.0
+    ) -> None:
+        """Until the program's model reached ``step``. With the program's process: as long as
+        it runs, within its own bound (``PROGRAM_TIMEOUT_S``) — a cookbook recipe spends 10 s
+        (idle machine) to 30 s (a busy one) importing torch and transformers before its first
+        request, which a fixed wait from the spawn counted as steps — and at once if it
+        exits (its output in the failure)."""
+        if proc is None:
+            async with asyncio.timeout(timeout):
+                while self.proxy.progress.step < step:
+                    await asyncio.sleep(0.005)
+            return
+        async with asyncio.timeout(PROGRAM_TIMEOUT_S):
             while self.proxy.progress.step < step:
+                if proc.returncode is not None:
+                    run = await finish(proc)
+                    raise AssertionError(
+                        f"the program exited {proc.returncode} before step {step}:\n"
+                        f"{run.stderr[-3000:]}"
+                    )
                 await asyncio.sleep(0.005)
 
     async def wait_event(self, kind: str, count: int = 1, timeout: float = 30.0) -> None:

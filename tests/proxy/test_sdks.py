@@ -49,7 +49,7 @@ async def test_cookbook_chat_sl_survives_a_preemption(
         ["-m", "tinker_cookbook.recipes.chat_sl.train", *CHAT_SL, f"log_path={log}"], env
     )
     try:
-        await rig.wait_step(3)
+        await rig.wait_step(3, proc)
         await rig.preempt()
         run = await finish(proc)
     finally:
