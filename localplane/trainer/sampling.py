@@ -24,7 +24,7 @@ import functools
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -33,14 +33,12 @@ from localplane.errors import FailedPrecondition, InvalidArgument, shorten
 from localplane.trainer import checkpoints as ckpts
 from localplane.trainer import validate
 from localplane.trainer.backend import PromptTopk, SamplerWeights, SampleSettings
+from localplane.trainer.context import TrainerContext
 from localplane.trainer.errors import UserError
 from localplane.trainer.futures import Future
 from localplane.trainer.lm import stable_seed
 from shepherd.tinker_wire.dialects import canonical_digest
 from shepherd.tinker_wire.values import Datum, Span
-
-if TYPE_CHECKING:
-    from localplane.trainer.service import TrainerService
 
 #: Fields of a sample request that name where it goes rather than what it asks.
 _ADDRESSING = ("sampling_session_id", "seq_id", "type", "model_path", "base_model")
@@ -108,8 +106,8 @@ def default_seed(weights_digest: str, content: str, seq_id: Any, occurrence: int
 
 
 class Samplers:
-    def __init__(self, svc: TrainerService) -> None:
-        self.svc = svc
+    def __init__(self, ctx: TrainerContext) -> None:
+        self.ctx = ctx
         self._samplers: OrderedDict[str, Sampler] = OrderedDict()
         #: (sampler_id, seq_id) -> the future of that sample request (dedupe).
         self._calls: dict[tuple[str, int], Future] = {}
@@ -134,13 +132,13 @@ class Samplers:
         known = self._samplers.get(sampler_id)
         if known is not None:
             return known
-        digest = self.svc.backend.digest(weights)
-        nbytes = self.svc.backend.sampler_bytes(weights)
+        digest = self.ctx.backend.digest(weights)
+        nbytes = self.ctx.backend.sampler_bytes(weights)
         sampler = Sampler(
             sampler_id, session_id, weights.base_model, model_path, weights, digest, nbytes
         )
         self._samplers[sampler_id] = sampler
-        session = self.svc.sessions.find(session_id)
+        session = self.ctx.sessions.find(session_id)
         if session is not None:
             session.samplers.add(sampler_id)
         self._trim(time.monotonic())
@@ -156,21 +154,21 @@ class Samplers:
             )
         sampler.last_used = time.monotonic()
         self._samplers.move_to_end(sampler.sampler_id)
-        self.svc.sessions.touch(sampler.session_id)
+        self.ctx.sessions.touch(sampler.session_id)
         return sampler
 
     def forget(self, sampler_id: str) -> None:
         sampler = self._samplers.pop(sampler_id, None)
         if sampler is None:
             return
-        session = self.svc.sessions.find(sampler.session_id)
+        session = self.ctx.sessions.find(sampler.session_id)
         if session is not None:
             session.samplers.discard(sampler_id)
 
     def make_room(self, nbytes: int) -> None:
         """Drop least recently used samplers until ``nbytes`` more fit the memory budget."""
         while (
-            self._samplers and self.svc.bytes_in_use() + nbytes > limits.TRAINER_MEMORY_BUDGET_BYTES
+            self._samplers and self.ctx.bytes_in_use() + nbytes > limits.TRAINER_MEMORY_BUDGET_BYTES
         ):
             self.forget(next(iter(self._samplers)))
 
@@ -197,28 +195,28 @@ class Samplers:
 
     def _weights_from(self, model_path: Any, base_model: Any) -> tuple[SamplerWeights, str | None]:
         """Frozen weights of a checkpoint (any kind) or, without a path, the base model."""
-        svc = self.svc
+        ctx = self.ctx
         if model_path:
-            meta = ckpts.resolve(model_path, svc.caller())
-            exported = ckpts.read(svc.cfg.data_dir, meta)
-            if exported.base_model != svc.cfg.base_model:
+            meta = ckpts.resolve(model_path, ctx.caller())
+            exported = ckpts.read(ctx.cfg.data_dir, meta)
+            if exported.base_model != ctx.cfg.base_model:
                 raise UserError(
                     f"model_path: checkpoint {meta.checkpoint} was trained from "
-                    f"{exported.base_model!r}; this trainer serves {svc.cfg.base_model!r}"
+                    f"{exported.base_model!r}; this trainer serves {ctx.cfg.base_model!r}"
                 )
-            return svc.backend.sampler_from(exported), str(model_path)
-        validate.base_model(base_model, svc.cfg.base_model)
-        return svc.backend.base_sampler(svc.cfg.base_model), None
+            return ctx.backend.sampler_from(exported), str(model_path)
+        validate.base_model(base_model, ctx.cfg.base_model)
+        return ctx.backend.base_sampler(ctx.cfg.base_model), None
 
     async def create_sampling_session(self, body: dict[str, Any]) -> dict[str, Any]:
-        svc = self.svc
+        ctx = self.ctx
         with validate.as_http():
-            session = svc.sessions.get(validate.text(body, "session_id"))
+            session = ctx.sessions.get(validate.text(body, "session_id"))
             seq = validate.integer(body, "sampling_session_seq_id", required=True)
         sampler_id = f"{session.session_id}:sample:{seq}"
         if sampler_id not in self._samplers:
             with validate.as_http():
-                weights, path = await svc.compute.call(
+                weights, path = await ctx.compute.call(
                     lambda: self._weights_from(body.get("model_path"), body.get("base_model"))
                 )
             self.make_room(0)
@@ -228,7 +226,7 @@ class Samplers:
     # ------------------------------------------------------------------------ asample
 
     def asample(self, body: dict[str, Any]) -> dict[str, Any]:
-        svc = self.svc
+        ctx = self.ctx
         sampler_id = body.get("sampling_session_id")
         raw_seq = body.get("seq_id")
         numbered = isinstance(raw_seq, int) and not isinstance(raw_seq, bool)
@@ -247,9 +245,9 @@ class Samplers:
         with validate.as_http():
             settings = validate.sampling(
                 body,
-                vocab=svc.backend.vocab_size,
-                max_context=svc.cfg.max_context_length,
-                encode=svc.backend.encode,
+                vocab=ctx.backend.vocab_size,
+                max_context=ctx.cfg.max_context_length,
+                encode=ctx.backend.encode,
             )
             record = validate.flag(body, "record_stability_info")
         sampler = self.get(sampler_id) if sampler_id is not None else None
@@ -262,7 +260,7 @@ class Samplers:
         fut.extra["sample_sequence_ids"] = [
             f"{fut.request_id}:{i}" for i in range(settings.num_samples)
         ]
-        svc.futures.add(fut, loose=True)
+        ctx.futures.add(fut, loose=True)
         if key is not None:
             self._calls[key] = fut
             fut.on_forget.append(functools.partial(self._drop_call, key))
@@ -277,7 +275,7 @@ class Samplers:
                 seed = default_seed(digest, content, seq_id, occurrence)
             return self._sample(weights, settings, int(seed), fut, session_id if record else None)
 
-        svc.compute.spawn(fut, run)
+        ctx.compute.spawn(fut, run)
         return fut.ticket()
 
     def _drop_call(self, key: tuple[str, int], _: Future) -> None:
@@ -285,7 +283,7 @@ class Samplers:
 
     def _one_off(self, body: dict[str, Any]) -> tuple[SamplerWeights, str]:
         weights, _ = self._weights_from(body.get("model_path"), body.get("base_model"))
-        return weights, self.svc.backend.digest(weights)
+        return weights, self.ctx.backend.digest(weights)
 
     def _sample(
         self,
@@ -295,7 +293,7 @@ class Samplers:
         fut: Future,
         record_for: str | None,
     ) -> dict[str, Any]:
-        backend = self.svc.backend
+        backend = self.ctx.backend
         samples = backend.sample(weights, settings, seed)
         sequences = [
             {"tokens": s.tokens, "logprobs": s.logprobs, "stop_reason": s.stop_reason}
@@ -328,7 +326,7 @@ class Samplers:
                 )
                 for seq_id, s in zip(fut.extra["sample_sequence_ids"], samples, strict=True)
             ]
-            self.svc.after(lambda: self._record(recorded))
+            self.ctx.after(lambda: self._record(recorded))
         return result
 
     def _record(self, recorded: list[tuple[str, Recorded]]) -> None:

@@ -1,11 +1,13 @@
 """The Tinker service of one trainer process, free of HTTP (trainer-api.md §4, §7).
 
-It composes the parts, each in its own module: sessions (:mod:`.sessions`), models and
-their training operations (:mod:`.training`), sampling (:mod:`.sampling`), checkpoints and
-training runs (:mod:`.checkpoints`, :mod:`.runs`), futures (:mod:`.futures`), the model math
-behind a :class:`~localplane.trainer.backend.Backend`, and input checks (:mod:`.validate`).
-Here live what they share — the compute thread, the future store, the memory budget — and
-the direct calls that belong to no single part (client config, retrieval, the REST views).
+It is the composition root of the parts, each in its own module: sessions (:mod:`.sessions`),
+models and their training operations (:mod:`.training`), sampling (:mod:`.sampling`),
+checkpoints and training runs (:mod:`.checkpoints`, :mod:`.runs`), futures (:mod:`.futures`),
+the model math behind a :class:`~localplane.trainer.backend.Backend`, and input checks
+(:mod:`.validate`). What the parts share — the compute thread, the future store, the memory
+budget — is a :class:`~localplane.trainer.context.TrainerContext` built here and handed to
+each; the parts never import this module. Here live the direct calls that belong to no
+single part (client config, retrieval, the REST views).
 
 The arithmetic runs on one compute thread — the trainer's "GPU" — so the event loop keeps
 answering ``retrieve_future``, ``healthz`` and new submissions while a step computes, and
@@ -18,8 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import structlog
@@ -31,53 +31,17 @@ from localplane.trainer import checkpoints as ckpts
 from localplane.trainer import lm, runs, validate
 from localplane.trainer.backend import Backend
 from localplane.trainer.config import TrainerConfig
-from localplane.trainer.errors import UserError
-from localplane.trainer.futures import Future, FutureStore
+from localplane.trainer.context import TrainerContext
 from localplane.trainer.numpy_backend import NumpyBackend
 from localplane.trainer.sampling import Samplers
 from localplane.trainer.sessions import Session, Sessions
 from localplane.trainer.training import Models
-from shepherd.tinker_wire.errors import WireError
 
 log = structlog.stdlib.get_logger("localplane.trainer")
 
 #: Page size of the REST listings when a client sends none (the tinker SDK's own default).
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 1000
-
-
-class Compute:
-    """The trainer's one compute thread and how an operation's outcome settles its future."""
-
-    def __init__(self) -> None:
-        self._gpu = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute")
-        self._tasks: set[asyncio.Task[None]] = set()
-        #: Operations executing right now (see :meth:`TrainerService.busy`).
-        self.running = 0
-
-    async def call(self, fn: Callable[[], Any]) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._gpu, fn)
-
-    async def run(self, fut: Future, fn: Callable[[], dict[str, Any]], delay: float = 0.0) -> None:
-        """Run ``fn`` on the compute thread and settle ``fut`` with its outcome."""
-        self.running += 1
-        try:
-            result = await self.call(fn)
-            if delay > 0:
-                await asyncio.sleep(delay)  # emulated GPU time
-            fut.resolve(result)
-        except (UserError, WireError, ValueError) as exc:
-            fut.fail(str(exc), "user")
-        except Exception as exc:
-            log.exception("operation.crashed", op=fut.op, request_id=fut.request_id)
-            fut.fail(f"trainer error in {fut.op}: {type(exc).__name__}: {exc}", "server")
-        finally:
-            self.running -= 1
-
-    def spawn(self, fut: Future, fn: Callable[[], dict[str, Any]]) -> None:
-        task = asyncio.get_running_loop().create_task(self.run(fut, fn))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
 
 def _page(query: dict[str, str]) -> tuple[int, int]:
@@ -92,36 +56,36 @@ def _page(query: dict[str, str]) -> tuple[int, int]:
 
 
 class TrainerService:
+    """The composition root: it builds the shared :class:`~.context.TrainerContext`, the
+    parts that take it (models, samplers), and answers the calls no single part owns."""
+
     def __init__(self, cfg: TrainerConfig, backend: Backend | None = None) -> None:
         self.cfg = cfg
-        self.backend: Backend = backend or NumpyBackend()
-        self.futures = FutureStore()
-        self.compute = Compute()
         self.sessions = Sessions(busy=self._session_busy, on_forget=self._forget_session)
-        self.models = Models(self)
-        self.samplers = Samplers(self)
-        self.tokenizer_dir = lm.write_tokenizer_dir(cfg.data_dir / "tokenizers" / "bytes").resolve()
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self.ctx = TrainerContext(
+            cfg,
+            backend or NumpyBackend(),
+            self.sessions,
+            lm.write_tokenizer_dir(cfg.data_dir / "tokenizers" / "bytes").resolve(),
+        )
+        self.backend: Backend = self.ctx.backend
+        self.futures = self.ctx.futures
+        self.compute = self.ctx.compute
+        self.tokenizer_dir = self.ctx.tokenizer_dir
+        self.samplers = Samplers(self.ctx)
+        self.models = Models(self.ctx, self.samplers)
+        self.ctx.holders += [self.models.nbytes, self.samplers.nbytes]
         self._housekeeping: asyncio.Task[None] | None = None
 
     # ---------------------------------------------------------------- shared parts
 
     def start(self) -> None:
         """Begin housekeeping (called once the event loop runs)."""
-        self._loop = asyncio.get_running_loop()
-        self._housekeeping = self._loop.create_task(self._sweep_forever())
-
-    def after(self, fn: Callable[[], Any]) -> None:
-        """Run ``fn`` on the event loop, from the compute thread, before the operation's
-        future settles (the loop runs callbacks in the order they were scheduled)."""
-        loop = self._loop or asyncio.get_event_loop()
-        loop.call_soon_threadsafe(fn)
+        self.ctx.loop = asyncio.get_running_loop()
+        self._housekeeping = self.ctx.loop.create_task(self._sweep_forever())
 
     def caller(self, *, lineage: str = "", run: str = "") -> ckpts.Caller:
-        return ckpts.Caller(self.cfg.data_dir, self.cfg.account, self.cfg.job, lineage, run)
-
-    def bytes_in_use(self) -> int:
-        return self.models.nbytes() + self.samplers.nbytes()
+        return self.ctx.caller(lineage=lineage, run=run)
 
     def busy(self) -> bool:
         """Work is executing or waiting its turn: an idle timeout must not stop the trainer."""

@@ -18,7 +18,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 
@@ -28,14 +28,13 @@ from localplane.errors import FailedPrecondition, InvalidArgument, ResourceExhau
 from localplane.trainer import checkpoints as ckpts
 from localplane.trainer import losses, runs, validate
 from localplane.trainer.backend import Trainable
+from localplane.trainer.context import TrainerContext
 from localplane.trainer.errors import UserError
 from localplane.trainer.futures import Future, SequenceError, Sequencer
+from localplane.trainer.sampling import Samplers
 from localplane.trainer.sessions import Session
 from shepherd.tinker_wire.dialects import canonical_digest
 from shepherd.tinker_wire.values import tensor_data
-
-if TYPE_CHECKING:
-    from localplane.trainer.service import TrainerService
 
 log = structlog.stdlib.get_logger("localplane.trainer")
 
@@ -78,8 +77,11 @@ class Model:
 
 
 class Models:
-    def __init__(self, svc: TrainerService) -> None:
-        self.svc = svc
+    def __init__(self, ctx: TrainerContext, samplers: Samplers) -> None:
+        self.ctx = ctx
+        #: Where a model's snapshots go, what makes room for a model, and the recorded
+        #: sequences a provenance span names.
+        self.samplers = samplers
         self._models: dict[str, Model] = {}
         #: (session_id, model_seq_id) -> the future of the call that created the model.
         self._creates: dict[tuple[str, int], Future] = {}
@@ -121,11 +123,11 @@ class Models:
                 "checkpoint into a new one"
             )
         model.last_used = time.monotonic()
-        self.svc.sessions.touch(model.session_id)
+        self.ctx.sessions.touch(model.session_id)
         return model
 
     def caller(self, model: Model) -> ckpts.Caller:
-        return self.svc.caller(lineage=model.run.lineage, run=model.model_id)
+        return self.ctx.caller(lineage=model.run.lineage, run=model.model_id)
 
     # -------------------------------------------------------------------- creation
 
@@ -137,7 +139,7 @@ class Models:
         same request (None: a new one)."""
         digest = canonical_digest(body, ignore=_ADDRESSING)
         with validate.as_http():
-            session = self.svc.sessions.get(validate.text(body, "session_id"))
+            session = self.ctx.sessions.get(validate.text(body, "session_id"))
             seq = validate.integer(body, "model_seq_id", required=True, low=0)
             assert seq is not None
             return session, seq, digest, self._dedupe_create(session, seq, digest)
@@ -155,7 +157,7 @@ class Models:
         model = self._models.get(f"{session.session_id}:train:{seq}")
         if model is not None:
             # Its creation future was forgotten (old): the model stands; say so again.
-            fut = self.svc.futures.add(Future("create_model", model.model_id, digest), loose=True)
+            fut = self.ctx.futures.add(Future("create_model", model.model_id, digest), loose=True)
             fut.resolve({"type": "create_model", "model_id": model.model_id})
             return fut.ticket()
         return None
@@ -172,8 +174,8 @@ class Models:
                 f"this trainer holds {limits.MAX_MODELS} models (its limit); unload a model or "
                 "finish a session first"
             )
-        self.svc.samplers.make_room(nbytes)
-        if self.svc.bytes_in_use() + nbytes > limits.TRAINER_MEMORY_BUDGET_BYTES:
+        self.samplers.make_room(nbytes)
+        if self.ctx.bytes_in_use() + nbytes > limits.TRAINER_MEMORY_BUDGET_BYTES:
             raise ResourceExhausted(
                 f"this trainer's memory budget ({limits.TRAINER_MEMORY_BUDGET_BYTES / 2**30:.1f} "
                 "GiB) is taken by its other models; unload a model first"
@@ -188,15 +190,15 @@ class Models:
         nbytes: int,
         metadata: dict[str, str],
     ) -> tuple[Model, Future]:
-        svc = self.svc
+        ctx = self.ctx
         model_id = f"{session.session_id}:train:{seq}"
         now = ckpt.now_rfc3339()
         run = runs.RunRecord(
             run_id=model_id,
-            account=svc.cfg.account,
-            job=svc.cfg.job,
-            generation=svc.cfg.generation,
-            base_model=svc.cfg.base_model,
+            account=ctx.cfg.account,
+            job=ctx.cfg.job,
+            generation=ctx.cfg.generation,
+            base_model=ctx.cfg.base_model,
             lora_rank=0,
             lineage=model_id,
             created=now,
@@ -207,12 +209,12 @@ class Models:
             model_id,
             session.session_id,
             run,
-            Sequencer(svc.futures, svc.cfg.seq_gap_timeout_s),
+            Sequencer(ctx.futures, ctx.cfg.seq_gap_timeout_s),
             nbytes,
         )
         self._models[model_id] = model
         session.models.add(model_id)
-        fut = svc.futures.add(Future(op, model_id, digest), loose=True)
+        fut = ctx.futures.add(Future(op, model_id, digest), loose=True)
         key = (session.session_id, seq)
         self._creates[key] = fut
         fut.on_forget.append(lambda _: self._drop_create(key))
@@ -222,28 +224,28 @@ class Models:
         self._creates.pop(key, None)
 
     def create_model(self, body: dict[str, Any]) -> dict[str, Any]:
-        svc = self.svc
+        ctx = self.ctx
         session, seq, digest, known = self._new_model_request(body)
         if known is not None:
             return known
         with validate.as_http():
-            validate.base_model(body.get("base_model"), svc.cfg.base_model)
+            validate.base_model(body.get("base_model"), ctx.cfg.base_model)
             lora_raw = body.get("lora_config")
             lora = validate.lora(lora_raw)
             validate.optimizer_config(body.get("optimizer_config"))
             validate.refuse_set(body, _CREATE_REFUSED)
             metadata = validate.user_metadata(body.get("user_metadata"))
-            seed = validate.seed(lora_raw or {}, svc.cfg.seed)
+            seed = validate.seed(lora_raw or {}, ctx.cfg.seed)
             try:
-                config = svc.backend.describe(svc.cfg.base_model, lora)
+                config = ctx.backend.describe(ctx.cfg.base_model, lora)
             except ValueError as exc:
                 raise UserError(str(exc)) from None
-        nbytes = svc.backend.estimate_bytes(config, trainable=True)
+        nbytes = ctx.backend.estimate_bytes(config, trainable=True)
         self._reserve(nbytes, "lora_config.rank")
         model, fut = self._register(session, seq, "create_model", digest, nbytes, metadata)
 
         def build() -> dict[str, Any]:
-            state = svc.backend.create(config, seed)
+            state = ctx.backend.create(config, seed)
             self._started(model, state, optim_steps=0)
             log.info("model.created", model_id=model.model_id, lora_rank=lora.rank)
             return {"type": "create_model", "model_id": model.model_id}
@@ -254,7 +256,7 @@ class Models:
     def _create_via_load(self, body: dict[str, Any]) -> dict[str, Any]:
         """``load_weights`` with ``session_id`` + ``model_seq_id``: a new model whose first
         operation is the load (tinker derives the same model id client-side)."""
-        svc = self.svc
+        ctx = self.ctx
         session, seq, digest, known = self._new_model_request(body)
         if known is not None:
             return known
@@ -263,29 +265,29 @@ class Models:
             with_optimizer = validate.flag(body, "optimizer")
         path, base_model = body.get("path"), body.get("base_model")
         try:
-            meta: ckpt.CheckpointMeta | None = ckpts.resolve(path, svc.caller())
+            meta: ckpt.CheckpointMeta | None = ckpts.resolve(path, ctx.caller())
         except UserError:
             meta = None  # the load's future says why
         nbytes = 0
         if meta is not None and meta.model_config:
-            nbytes = svc.backend.estimate_bytes(meta.model_config, trainable=True)
+            nbytes = ctx.backend.estimate_bytes(meta.model_config, trainable=True)
             self._reserve(nbytes, "path")
         model, fut = self._register(session, seq, "load_weights", digest, nbytes, metadata)
 
         def build() -> dict[str, Any]:
-            found = meta or ckpts.resolve(path, svc.caller())
-            exported = ckpts.read(svc.cfg.data_dir, found)
+            found = meta or ckpts.resolve(path, ctx.caller())
+            exported = ckpts.read(ctx.cfg.data_dir, found)
             if base_model not in (None, exported.base_model):
                 raise UserError(
                     f"base_model: {shorten(base_model)!r} differs from the checkpoint's base "
                     f"model {exported.base_model!r}"
                 )
-            if exported.base_model != svc.cfg.base_model:
+            if exported.base_model != ctx.cfg.base_model:
                 raise UserError(
                     f"path: checkpoint {found.checkpoint} was trained from "
-                    f"{exported.base_model!r}; this trainer serves {svc.cfg.base_model!r}"
+                    f"{exported.base_model!r}; this trainer serves {ctx.cfg.base_model!r}"
                 )
-            state = svc.backend.restore(exported, with_optimizer=with_optimizer, seed=svc.cfg.seed)
+            state = ctx.backend.restore(exported, with_optimizer=with_optimizer, seed=ctx.cfg.seed)
             self._continue_lineage(model, found, with_optimizer)
             self._started(model, state, optim_steps=found.step)
             log.info("model.loaded", model_id=model.model_id, checkpoint=found.checkpoint)
@@ -313,11 +315,11 @@ class Models:
         model.state, model.optim_steps = state, optim_steps
         model.run.lora_rank = state.lora_rank
         model.run.model_config = state.config
-        runs.write(self.svc.cfg.data_dir, model.run)
+        runs.write(self.ctx.cfg.data_dir, model.run)
 
     def _start(self, model: Model, fut: Future, build: Callable[[], dict[str, Any]]) -> None:
         async def start() -> None:
-            await self.svc.compute.run(fut, build)
+            await self.ctx.compute.run(fut, build)
             if fut.error is not None:
                 model.seq.broken = f"the model failed to start: {fut.error}"
             model.ready.set()
@@ -348,7 +350,7 @@ class Models:
         return fut.ticket()
 
     def _check(self, model: Model, op: str, body: dict[str, Any]) -> dict[str, Any]:
-        cfg = self.svc.cfg
+        cfg = self.ctx.cfg
         if op in ("forward", "forward_backward"):
             if body.get("forward_only"):
                 op = "forward"
@@ -364,11 +366,11 @@ class Models:
                 # Provenance is checked against the recorded sequences now, on the event loop
                 # that owns them; the operation gets the resolved datums.
                 parsed = validate.datums(
-                    inp, key, vocab=self.svc.backend.vocab_size, max_len=cfg.max_context_length
+                    inp, key, vocab=self.ctx.backend.vocab_size, max_len=cfg.max_context_length
                 )
                 return {
                     **body,
-                    _PARSED: self.svc.samplers.resolve_provenance(parsed, model.session_id),
+                    _PARSED: self.samplers.resolve_provenance(parsed, model.session_id),
                 }
         elif op == "optim_step":
             if cfg.forward_only:
@@ -391,18 +393,18 @@ class Models:
 
     async def _drive(self, model: Model) -> None:
         """Apply the model's operations in seq_id order, one at a time, forever."""
-        svc = self.svc
+        ctx = self.ctx
         while True:
             sub = await model.seq.next()
             op = sub.future.op
-            delay = svc.cfg.compute_delay_s if op in ("forward", "forward_backward") else 0.0
+            delay = ctx.cfg.compute_delay_s if op in ("forward", "forward_backward") else 0.0
             try:
                 if model.state is None:
                     sub.future.fail(model.seq.broken or "the model failed to start", "user")
                 else:
                     handler = self._handlers[op]
                     call = functools.partial(handler, model, sub.body)
-                    await svc.compute.run(sub.future, call, delay)
+                    await ctx.compute.run(sub.future, call, delay)
             finally:
                 model.last_seq = sub.seq_id
             log.debug("operation.done", model_id=model.model_id, seq_id=sub.seq_id, op=op)
@@ -410,17 +412,17 @@ class Models:
     def _forward_backward(
         self, model: Model, body: dict[str, Any], backward: bool
     ) -> dict[str, Any]:
-        svc = self.svc
+        ctx = self.ctx
         assert model.state is not None
         if body.get("forward_only"):
             backward = False
         key, inp = validate.forward_input(body)
         loss_fn = inp.get("loss_fn", "cross_entropy")
         datums = body.get(_PARSED) or validate.datums(
-            inp, key, vocab=svc.backend.vocab_size, max_len=svc.cfg.max_context_length
+            inp, key, vocab=ctx.backend.vocab_size, max_len=ctx.cfg.max_context_length
         )
         try:
-            result = svc.backend.forward_backward(
+            result = ctx.backend.forward_backward(
                 model.state, datums, loss_fn, inp.get("loss_fn_config"), backward=backward
             )
         except (ValueError, losses.LossError) as exc:
@@ -438,89 +440,89 @@ class Models:
         }
 
     def _optim_step(self, model: Model, body: dict[str, Any]) -> dict[str, Any]:
-        svc = self.svc
+        ctx = self.ctx
         assert model.state is not None
-        adam = validate.adam(body, svc.cfg.learning_rate)
+        adam = validate.adam(body, ctx.cfg.learning_rate)
         mode = validate.normalization(body)
         try:
-            metrics = svc.backend.optim_step(model.state, adam, None if mode == "none" else mode)
+            metrics = ctx.backend.optim_step(model.state, adam, None if mode == "none" else mode)
         except ValueError as exc:
             raise UserError(str(exc)) from None
         model.optim_steps += 1
         return {"type": "optim_step", "metrics": {k: float(v) for k, v in metrics.items()}}
 
     def _save(self, model: Model, body: dict[str, Any], segment: str) -> dict[str, Any]:
-        svc = self.svc
+        ctx = self.ctx
         assert model.state is not None
         name = body.get("path")
         if name is None and segment == "sampler":
             return self._anonymous_sampler(model, body)
         if name is None:
             name = f"seq-{model.seq.applied}"
-        exported = svc.backend.export(model.state, with_optimizer=segment == "state")
+        exported = ctx.backend.export(model.state, with_optimizer=segment == "state")
         meta = ckpts.save(
             self.caller(model),
             name,
             segment=segment,
             exported=exported,
             step=model.optim_steps,
-            generation=svc.cfg.generation,
+            generation=ctx.cfg.generation,
             ttl_seconds=validate.ttl_seconds(body),
             overwrite=validate.flag(body, "overwrite"),
             user_metadata=validate.user_metadata(body.get("user_metadata")),
         )
         model.run.updated = ckpt.now_rfc3339()
-        runs.write(svc.cfg.data_dir, model.run)
+        runs.write(ctx.cfg.data_dir, model.run)
         log.info("checkpoint.saved", name=meta.checkpoint, kind=meta.kind, step=meta.step)
         op = "save_weights_for_sampler" if segment == "sampler" else "save_weights"
         return {"type": op, "path": ckpts.tinker_path(model.model_id, segment, name)}
 
     def _anonymous_sampler(self, model: Model, body: dict[str, Any]) -> dict[str, Any]:
-        svc = self.svc
+        ctx = self.ctx
         assert model.state is not None
         seq = body.get("sampling_session_seq_id")
         suffix = (
             seq if isinstance(seq, int) and not isinstance(seq, bool) else f"m{model.seq.applied}"
         )
         sampler_id = f"{model.session_id}:sample:{suffix}"
-        snapshot = svc.backend.snapshot(model.state)
+        snapshot = ctx.backend.snapshot(model.state)
         # Registered on the event loop (which owns the table) before the future resolves.
         session_id = model.session_id
 
         def register() -> None:
-            svc.samplers.register(sampler_id, session_id, None, snapshot)
+            self.samplers.register(sampler_id, session_id, None, snapshot)
 
-        svc.after(register)
+        ctx.after(register)
         return {"type": "save_weights_for_sampler", "path": None, "sampling_session_id": sampler_id}
 
     def _load(self, model: Model, body: dict[str, Any]) -> dict[str, Any]:
-        svc = self.svc
+        ctx = self.ctx
         assert model.state is not None
         meta = ckpts.resolve(body.get("path"), self.caller(model))
-        exported = ckpts.read(svc.cfg.data_dir, meta)
+        exported = ckpts.read(ctx.cfg.data_dir, meta)
         with_optimizer = validate.flag(body, "optimizer")
         try:
-            svc.backend.load_into(model.state, exported, with_optimizer=with_optimizer)
+            ctx.backend.load_into(model.state, exported, with_optimizer=with_optimizer)
         except ValueError as exc:
             raise UserError(f"path: checkpoint {meta.checkpoint}: {exc}") from None
         model.optim_steps = meta.step
         self._continue_lineage(model, meta, with_optimizer)
-        runs.write(svc.cfg.data_dir, model.run)
+        runs.write(ctx.cfg.data_dir, model.run)
         log.info("checkpoint.loaded", model_id=model.model_id, name=meta.checkpoint)
         return {"type": "load_weights", "path": body.get("path"), "model_id": model.model_id}
 
     # -------------------------------------------------------------------- queries
 
     async def get_info(self, body: dict[str, Any]) -> dict[str, Any]:
-        svc = self.svc
+        ctx = self.ctx
         model = self.model(body)
         await model.ready.wait()
         state = model.state
         if state is None:
             raise FailedPrecondition(f"model {model.model_id} failed to start: {model.seq.broken}")
         # On the compute thread: the digest must not see a half-applied step.
-        digest, info = await svc.compute.call(
-            lambda: (svc.backend.digest(state), svc.backend.info(state))
+        digest, info = await ctx.compute.call(
+            lambda: (ctx.backend.digest(state), ctx.backend.info(state))
         )
         return {
             "type": "get_info",
@@ -528,7 +530,7 @@ class Models:
             "model_data": {
                 "arch": info["arch"],
                 "model_name": state.base_model,
-                "tokenizer_id": str(svc.tokenizer_dir),
+                "tokenizer_id": str(ctx.tokenizer_dir),
             },
             "is_lora": state.lora_rank > 0,
             "lora_rank": state.lora_rank,
@@ -537,16 +539,16 @@ class Models:
             "weights_digest": digest,
             "optim_steps": model.optim_steps,
             "seq_id": model.last_seq,
-            "max_context_length": svc.cfg.max_context_length,
+            "max_context_length": ctx.cfg.max_context_length,
             "trainable_parameters": info["trainable_parameters"],
-            "generation": svc.cfg.generation,
+            "generation": ctx.cfg.generation,
         }
 
     def unload(self, body: dict[str, Any]) -> dict[str, Any]:
         """The Fireworks fork's ``unload_model``: the model and its memory are released."""
         model = self.model(body)
         self.forget(model, "unloaded by the client")
-        fut = self.svc.futures.add(Future("unload_model", model.model_id), loose=True)
+        fut = self.ctx.futures.add(Future("unload_model", model.model_id), loose=True)
         fut.resolve({"type": "unload_model", "model_id": model.model_id})
         return fut.ticket()
 
@@ -556,7 +558,7 @@ class Models:
         model.seq.close(f"model {model.model_id} is gone: {why}")
         if model.task is not None:
             model.task.cancel()
-        session = self.svc.sessions.find(model.session_id)
+        session = self.ctx.sessions.find(model.session_id)
         if session is not None:
             session.models.discard(model.model_id)
         log.info("model.forgotten", model_id=model.model_id, reason=why)
