@@ -53,6 +53,7 @@ from shepherd.spec import (
     JobSpec,
     input_error,
     is_template,
+    load_job_spec,
     parse_duration,
     resolve_templates,
     validate_spec,
@@ -207,8 +208,6 @@ class Schedules:
     ) -> ScheduleInfo:
         """A schedule running ``spec`` (a JobSpec, a mapping or a spec file) on cron
         expressions or every ``every`` — one of the two."""
-        from shepherd.client import load_job_spec
-
         check_name(name)
         crons = [cron] if isinstance(cron, str) else list(cron or [])
         if not all(isinstance(c, str) and c.strip() for c in crons):

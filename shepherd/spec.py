@@ -8,9 +8,11 @@ Every rule the platform would reject is checked here with the platform's own rul
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import re
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -845,6 +847,50 @@ def load_spec(path: str | Path, *, overrides: list[str] | None = None) -> JobSpe
     for item in overrides or []:
         apply_override(data, item)
     return validate_spec(data, str(path))
+
+
+def load_job_spec(
+    spec: JobSpec | Mapping[str, Any] | str | Path,
+    overrides: list[str] | Mapping[str, Any] | None = None,
+) -> JobSpec:
+    """A validated spec from a model, a mapping or a YAML/JSON path, with ``path.to.field=value``
+    overrides (a list of strings, or a mapping of dotted paths to values)."""
+    source = None
+    if isinstance(spec, str | Path):
+        source = str(spec)
+        data = load_spec_data(spec)
+    elif isinstance(spec, JobSpec):
+        data = spec.model_dump(mode="json")
+    elif isinstance(spec, Mapping):
+        data = copy.deepcopy(dict(spec))
+    else:
+        raise input_error(
+            "spec",
+            "must be a JobSpec, a mapping of sections or the path of a YAML/JSON file, "
+            f"not {type(spec).__name__}",
+            "argument",
+        )
+    apply_overrides(data, overrides)
+    return validate_spec(data, source)
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str] | Mapping[str, Any] | None) -> None:
+    """``["path.to.field=value", ...]`` (values read as YAML) or ``{"path.to.field": value}``."""
+    if overrides is None:
+        return
+    if isinstance(overrides, Mapping):
+        for path, value in overrides.items():
+            set_path(data, path, value)
+    elif isinstance(overrides, list | tuple):
+        for item in overrides:
+            apply_override(data, item)
+    else:
+        raise input_error(
+            "overrides",
+            "must be a list of 'path.to.field=value' strings or a mapping of paths to values, "
+            f"not {type(overrides).__name__}",
+            "argument",
+        )
 
 
 def apply_override(data: dict[str, Any], item: str) -> None:
