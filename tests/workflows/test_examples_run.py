@@ -93,6 +93,9 @@ async def test_the_example_runs_to_its_end(stack: Stack, example: str) -> None:
     # Every example promotes, to its model id filled with the submission time.
     prefix = (spec.output.model_id or "").partition("{")[0]
     assert final.model is not None and final.model.name.rsplit("/", 1)[-1].startswith(prefix)
+    if spec.output.promote == "last":  # the weights the job ended with (a sampler twin)
+        promoted = (final.model.checkpoint or "").rsplit("/", 1)[-1].removesuffix("-sampler")
+        assert promoted == f"step-{total:08d}", final.model
 
 
 async def test_the_sweep_example_runs_to_its_end(stack: Stack) -> None:
