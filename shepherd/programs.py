@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shepherd.spec import PROGRAM_ARG_KEY, PROGRAM_NAME
+from shepherd.names import PROGRAM_ARG_KEY, PROGRAM_NAME
 
 ENTRY_POINT_GROUP = "shepherd.programs"
 ENV_VAR = "SHEPHERD_PROGRAMS"

@@ -31,6 +31,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from shepherd import datasets
+from shepherd.names import LOOP_NAME, PROGRAM_ARG_KEY, PROGRAM_NAME
 from shepherd.platform import rules
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
@@ -166,13 +167,6 @@ def _rule(check: Any) -> Any:
 
 # `\Z`, not `$`: `$` also matches before a trailing newline ("name\n" would pass).
 LABEL_KEY = re.compile(r"^[a-z0-9]([a-z0-9_./-]{0,61}[a-z0-9])?\Z")
-#: A registered training loop's name (shepherd.loops checks worker registrations by it too).
-LOOP_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,62}\Z")
-#: Programs are named as loops are.
-PROGRAM_NAME = LOOP_NAME
-#: A program argument's key: a name, or a dotted path of names (the cookbook's chz configs
-#: take ``key=value`` and ``a.b=value``).
-PROGRAM_ARG_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}(\.[A-Za-z_][A-Za-z0-9_]{0,63}){0,7}\Z")
 #: Arguments one program job may pass, and the longest value: arguments are flags and small
 #: values (a file name, a number), never data.
 MAX_PROGRAM_ARGS = 64
@@ -757,7 +751,7 @@ def _program_problems(name: str, args: dict[str, Any]) -> list[SpecProblem]:
     this process knows the program from the registry the workers read (built in, entry
     points, SHEPHERD_PROGRAMS). A program it does not know is the workers' to judge: the
     submission asks them whether they have it, and the job's preflight checks the rest."""
-    from shepherd import programs  # it imports this module
+    from shepherd import programs  # only when a spec names a program
 
     try:
         program = programs.registered().get(name)
