@@ -166,7 +166,9 @@ class ProgramActivities:
             program = programs.resolve(inp.program)
             program.check_args(inp.args)
         except programs.ProgramError as exc:
-            raise ApplicationError(str(exc), type=policies.LOOP_ERROR, non_retryable=True) from None
+            raise ApplicationError(
+                str(exc), type=programs.INVALID_PROGRAM, non_retryable=True
+            ) from None
         directory = programs.log_dir(workflow_id)
         if inp.seed_from and programs.seed_log_dir(directory, programs.log_dir(inp.seed_from)):
             log(program=inp.program).info("program.seeded", from_job=inp.seed_from)
