@@ -1,6 +1,6 @@
-"""The lifecycle's internal control flow, shared by the job workflow and its TRAINING seams
-(loop chunks in workflows/job.py, a program's run in workflows/programs.py): the trainer
-states it waits for, and the exceptions that move it (none ever leaves the workflow).
+"""The lifecycle's internal control flow, shared by its steps (workflows/job.py and the
+modules it runs): the trainer states they wait for, and the exceptions that move the job
+(none ever leaves the workflow).
 
 Deterministic code only.
 """

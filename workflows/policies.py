@@ -11,7 +11,6 @@ Deterministic code only: imported by the workflow.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -211,9 +210,6 @@ class ActivityPolicy:
     heartbeat: timedelta | None = None
     #: How long it may wait for a worker (only where one particular worker must take it).
     schedule_to_start: timedelta | None = None
-    #: Run as a local activity: only in runs recorded before the current lifecycle
-    #: (workflows/versions.py says why current runs have none).
-    local: bool = False
     #: A poll that holds no trainer: runs on the waits queue (``waits_queue``).
     waits: bool = False
 
@@ -377,12 +373,9 @@ class Policies:
         p: PoliciesSpec,
         *,
         chunk_steps: int,
-        legacy: bool = False,
         checkpoint_every: int = 50,
         max_runtime: timedelta | None = None,
     ) -> Policies:
-        """``legacy``: as runs recorded before the current lifecycle ran, warm-up and opening
-        the model as local activities (the create's locality was a patch of its own)."""
         # A save of a large checkpoint can take minutes; the heartbeat, not the
         # start-to-close timeout, is what notices a dead worker.
         data_plane = ActivityPolicy(
@@ -400,9 +393,8 @@ class Policies:
             wait_resumable=_poll(min(p.poll_interval, timedelta(seconds=2)), p.ready_timeout),
             # One attempt is at most WARMUP_ATTEMPT_BUDGET of probes (each bounded by the
             # client's request timeout); its keepalive notices a dead worker.
-            # Program jobs (a loop's job warms up inside open_model); legacy runs, locally.
+            # Program jobs (a loop's job warms up inside open_model).
             warm_up=ActivityPolicy(
-                local=legacy,
                 start_to_close=timedelta(seconds=45),
                 schedule_to_close=p.warmup_timeout,
                 retry=_WARM_UP_RETRY,
@@ -419,9 +411,7 @@ class Policies:
             # trainer), then the warm-up probes, in one activity: a round trip less between
             # RUNNING and the first training step. Retried as warm-up is (a route not yet
             # everywhere is the usual cause), within the warm-up timeout plus one load.
-            open_model=dataclasses.replace(data_plane, local=True, heartbeat=None)
-            if legacy
-            else ActivityPolicy(
+            open_model=ActivityPolicy(
                 start_to_close=p.step_timeout + timedelta(minutes=1),
                 heartbeat=p.heartbeat_timeout,
                 schedule_to_close=p.warmup_timeout + p.step_timeout + timedelta(minutes=1),

@@ -19,7 +19,7 @@ from shepherd.platform import rules
 from shepherd.trainer_ids import owner_of, trainer_prefix
 from workers.main import WorkerSizing
 from workflows import policies
-from workflows.job import classify
+from workflows.recovery import classify
 
 
 @pytest.mark.parametrize("workflow_id", ["job-demo-1a2b3c", "a", "x--y", "job-" + "n" * 44])

@@ -1,0 +1,315 @@
+"""A program's work on the trainer (:class:`~workflows.held.TrainerWork`): an unmodified Tinker
+program run once (``run_program``, activities/programs.py) behind the job's data-plane proxy,
+for as long as it runs, while the lifecycle keeps owning the trainer. Around the program's run:
+
+* the route is warmed up for the proxy when a trainer turns RUNNING (``prepare``);
+* the proxy is handed each trainer that comes up (``program_attach``), after a death or a
+  pause as after the first start: it restores the program's model from its last checkpoint
+  and redoes what came after, and the program's waiting requests go on — **that is how a
+  program survives a preemption without a restart**;
+* the proxy is told when the trainer is gone (``program_detach``: the program's requests
+  wait) and, for a pause, asked for a checkpoint first (``program_checkpoint``);
+* the job's status follows what the proxy reports (``program_started`` and
+  ``program_progress``, signals the workflow hands to :meth:`ProgramTraining.started` and
+  :meth:`ProgramTraining.progress`), checkpoints beyond ``keep_last`` are pruned (never the
+  proxy's restore point).
+
+The program itself never restarts, except when its worker dies: the retried ``run_program``
+attempt starts it again on another worker (``program_started`` says where).
+
+Deterministic code only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from temporalio import workflow
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
+
+with workflow.unsafe.imports_passed_through():
+    from activities.programs import ProgramActivities
+    from activities.readiness import ReadinessActivities
+    from shepherd.curves import add_point
+    from shepherd.models import (
+        CheckpointRecord,
+        ProgramAttachInput,
+        ProgramAttachResult,
+        ProgramControlInput,
+        ProgramProgress,
+        ProgramSettings,
+        ProgramStarted,
+        RunProgramInput,
+        WarmUpInput,
+        WarmUpResult,
+    )
+    from shepherd.phases import Phase
+    from workflows import checkpointing, policies
+    from workflows.context import JobContext
+    from workflows.flow import DEAD, Lost, PauseNow, Terminal, required
+
+
+class ProgramTraining:
+    """TRAINING for a job that names a program (``training.program``)."""
+
+    def __init__(self) -> None:
+        #: The running ``run_program`` activity (None before it starts).
+        self._run: Any = None
+        #: Where the program's current attempt is steered (its worker's control queue).
+        self._queue: str | None = None
+        #: The attempt that control queue belongs to, and the trainer that attempt serves from.
+        self._attempt = 0
+        self._attached: str | None = None
+        #: The proxy saw the trainer gone (the reason), until a recovery deals with it.
+        self._lost: str | None = None
+        #: The checkpoint the proxy restores the program's model from after a loss.
+        self._restore_point: str | None = None
+        #: A checkpoint arrived: older ones beyond ``checkpoint.keep_last`` are pruned.
+        self._prune = False
+
+    # ------------------------------------------------------------------ signals
+
+    def started(self, ctx: JobContext, started: ProgramStarted) -> None:
+        if started.attempt < self._attempt:
+            return  # an older attempt's word, late
+        self._attempt = started.attempt
+        self._queue = started.control_queue
+        self._attached = None  # a new proxy: it serves from nothing yet
+        if started.total_steps and not ctx.spec.training.total_steps:
+            ctx.s.total_steps = started.total_steps
+
+    def progress(self, ctx: JobContext, progress: ProgramProgress) -> None:
+        ctx.s.step = max(ctx.s.step, progress.step)
+        if progress.last_loss is not None:
+            ctx.s.last_loss = progress.last_loss
+        for step, loss in progress.losses:
+            add_point(ctx.s.loss_curve, step, loss)
+        for record in progress.checkpoints:
+            self._took_checkpoint(ctx, record)
+            self._prune = True
+        if progress.restore_point:
+            self._restore_point = progress.restore_point
+        if progress.trainer_lost and self._attached == ctx.s.trainer_job_id:
+            self._lost = progress.trainer_lost
+        ctx.publish()
+
+    @staticmethod
+    def _took_checkpoint(ctx: JobContext, record: CheckpointRecord) -> None:
+        """A checkpoint the proxy saved: the job's checkpoints, its best (by the step's mean
+        training loss, ``train_loss``, which is what a program's job can measure)."""
+        record.saved_at = record.saved_at or workflow.now()
+        if ctx.spec.checkpoint.evaluate and record.metric is None:
+            record.metric = ctx.s.last_loss
+        if ctx.spec.checkpoint.evaluate and record.metric is not None:
+            if checkpointing.is_better(ctx, record):
+                ctx.s.best = record
+            ctx.s.eval_value = record.metric
+            # The tracked metric's curve (a program's: the training loss at each checkpoint).
+            add_point(ctx.s.eval_curve, record.step, record.metric)
+        checkpointing.add(ctx, record)
+
+    # ------------------------------------------------------------------ the interface
+
+    async def prepare(self, ctx: JobContext) -> None:
+        """The proxy opens (or restores) the program's model once it is handed the trainer;
+        the route is warmed up for it here."""
+        warm: WarmUpResult = await ctx.act(
+            ReadinessActivities.warm_up,
+            WarmUpInput(
+                backend=ctx.spec.backend,
+                trainer_job_id=ctx.ref().trainer_job_id,
+                probes=ctx.pol.warmup_probes,
+            ),
+            ctx.pol.warm_up,
+            f"warm up the route ({ctx.pol.warmup_probes} probes)",
+            timeout_type="WarmUpTimeout",
+        )
+        ctx.s.route_races += warm.route_races
+        ctx.serving = True
+        ctx.to_load = None
+        ctx.publish()
+
+    async def train(self, ctx: JobContext) -> None:
+        """Run the program (started once), hand it the trainer, and wait for it to end — or
+        for a death, a pause or a cancel, which the lifecycle handles around it while the
+        program's requests wait."""
+        if self._run is None:
+            ctx.stop_if_cancelled()
+            self._run = workflow.start_activity_method(
+                ProgramActivities.run_program,
+                self._input(ctx),
+                **ctx.options(ctx.pol.run_program),
+                # A cancel waits until the program is stopped (SIGTERM, then SIGKILL).
+                cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+                summary=f"run program {ctx.spec.training.program}",
+            )
+
+        def died() -> bool:
+            return ctx.event_state in DEAD or self._lost is not None
+
+        while True:
+            if self._wants_trainer(ctx) and ctx.serving and not died():
+                await self._attach(ctx)
+                continue
+            if self._attached == ctx.s.trainer_job_id and ctx.s.phase is not Phase.TRAINING:
+                ctx.set_phase(Phase.TRAINING)  # (until then: PREPARING, or RECOVERING)
+            if self._prune:
+                self._prune = False
+                await checkpointing.prune(ctx, self.keep())
+                continue
+            waiter = asyncio.ensure_future(
+                workflow.wait_condition(
+                    lambda: (
+                        ctx.pause_requested
+                        or died()
+                        or ctx.cancel_seen()
+                        or self._prune
+                        or (self._wants_trainer(ctx) and ctx.serving)
+                    )
+                )
+            )
+            await ctx.race(self._run, waiter)
+            if self._run.done():
+                waiter.cancel()
+                break
+            ctx.stop_if_cancelled()
+            if died():
+                await self._detach_quietly(ctx, "the trainer died")
+                self._attached = None
+                said, self._lost = self._lost, None
+                if ctx.event_state in DEAD:
+                    raise ctx.death_event()
+                # No platform event (polling only): the proxy's word, verified with the
+                # control plane; the recovery asks the platform what it is.
+                raise Lost(policies.TRAINER_LOST, None, f"the program's proxy: {said}")
+            if ctx.pause_requested:
+                raise PauseNow()
+        try:
+            await self._run
+            if self._prune:  # the final checkpoint
+                self._prune = False
+                await checkpointing.prune(ctx, self.keep())
+        except ActivityError as err:
+            ctx.stop_if_cancelled()
+            root = err.cause
+            if isinstance(root, ApplicationError) and root.type == policies.PROGRAM_FAILED:
+                raise Terminal(Phase.FAILED, policies.PROGRAM_FAILED, root.message) from None
+            ctx.raise_mapped(err, "ProgramTimeout", f"program {ctx.spec.training.program}")
+        finally:
+            self._run = None
+
+    async def checkpoint_for_pause(self, ctx: JobContext) -> CheckpointRecord | None:
+        """A checkpoint of the program's model now (None: it has none, or no trainer serves)."""
+        if not ctx.serving or self._run is None or self._queue is None:
+            return None
+        try:
+            record: CheckpointRecord | None = await self._control(
+                ctx,
+                ProgramActivities.program_checkpoint,
+                ProgramControlInput(reason="pause"),
+                "checkpoint the program for the pause",
+            )
+        except _Gone:
+            return None
+        self._attached = None  # the proxy holds the program's requests now
+        if record is not None:
+            self._took_checkpoint(ctx, record)
+        return record
+
+    async def finish(self, ctx: JobContext) -> None:
+        return None  # a program evaluates itself: its final checkpoint carries its last loss
+
+    async def stop(self, ctx: JobContext) -> None:
+        """The job ends without completing: the program is stopped (the activity's
+        cancellation does it) before the trainer is deleted."""
+        if self._run is None or self._run.done():
+            return
+        self._run.cancel()
+        with contextlib.suppress(ActivityError, asyncio.CancelledError):
+            await self._run
+
+    def keep(self) -> set[str]:
+        return {self._restore_point} if self._restore_point else set()
+
+    # ------------------------------------------------------------------ the proxy
+
+    def _input(self, ctx: JobContext) -> RunProgramInput:
+        spec = ctx.spec
+        return RunProgramInput(
+            backend=spec.backend,
+            program=required(spec.training.program, "training.program"),
+            args=dict(spec.training.args),
+            settings=ProgramSettings(
+                base_model=spec.trainer.base_model,
+                lora_rank=spec.trainer.lora_rank,
+                checkpoint_every=spec.checkpoint.every_steps,
+                call_timeout_s=ctx.pol.step_timeout.total_seconds(),
+                route_race_retries=ctx.pol.route_race_retries,
+                route_race_window_s=ctx.pol.route_race_window.total_seconds(),
+            ),
+            seed_from=ctx.s.parent_workflow_id,
+        )
+
+    def _wants_trainer(self, ctx: JobContext) -> bool:
+        return self._queue is not None and self._attached != ctx.s.trainer_job_id
+
+    async def _attach(self, ctx: JobContext) -> None:
+        """Hand the program's proxy the trainer that serves now."""
+        trainer = required(ctx.s.trainer_job_id, "the trainer's id")
+        attempt = self._attempt
+        try:
+            done: ProgramAttachResult = await self._control(
+                ctx,
+                ProgramActivities.program_attach,
+                ProgramAttachInput(trainer_job_id=trainer),
+                f"attach the program to {trainer}",
+            )
+        except _Gone:
+            if self._attempt == attempt:
+                self._queue = None  # wait for the attempt that runs it now
+            return
+        self._attached = trainer
+        restored = done.restored_from is not None or done.ops_redone
+        if restored and ctx.s.recoveries and ctx.s.recoveries[-1].weights_verified is None:
+            # A restore after a recovery: what it redid, and whether the weights came back
+            # as they were.
+            record = ctx.s.recoveries[-1]
+            record.steps_redone = done.optimizer_steps_redone
+            record.weights_verified = done.digests_match
+        ctx.publish()
+
+    async def _control(self, ctx: JobContext, fn: Any, arg: Any, summary: str) -> Any:
+        """A control activity on the program's worker; ``_Gone`` when that worker does not
+        run it any more (another attempt starts on another worker)."""
+        ctx.stop_if_cancelled()
+        policy = ctx.pol.program_control
+        try:
+            return await workflow.execute_activity_method(
+                fn, arg, **policy.options(), task_queue=self._queue, summary=summary
+            )
+        except ActivityError as err:
+            root = err.cause
+            gone = isinstance(root, TimeoutError) or (
+                isinstance(root, ApplicationError) and root.type == policies.PROGRAM_GONE
+            )
+            if gone:
+                raise _Gone() from None
+            raise
+
+    async def _detach_quietly(self, ctx: JobContext, reason: str) -> None:
+        """Best effort (a worker that is gone holds nothing to tell)."""
+        if self._run is None or self._queue is None or self._run.done():
+            return
+        with contextlib.suppress(_Gone, ActivityError):
+            await self._control(
+                ctx,
+                ProgramActivities.program_detach,
+                ProgramControlInput(reason=reason),
+                f"detach: {reason}",
+            )
+
+
+class _Gone(Exception):
+    """The program's worker does not run it any more."""

@@ -1,0 +1,157 @@
+"""The trainer's life as the job sees it: create one, wait for placement and for RUNNING
+(polls raced against the platform's events), hand it to the work that runs on it (which
+opens its model or warms its route up), and delete it.
+
+Reads and changes the job's :class:`~workflows.context.JobContext`; activities:
+``create_trainer``, ``wait_for_placement``, ``wait_for_running`` (and, for recoveries,
+``wait_for_resumable``), ``delete_trainer``, under the policies of the same names.
+
+Deterministic code only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from temporalio import workflow
+from temporalio.exceptions import ActivityError
+
+with workflow.unsafe.imports_passed_through():
+    from activities.provisioning import ProvisioningActivities
+    from activities.readiness import ReadinessActivities
+    from shepherd import search_attributes as sa
+    from shepherd.models import CreateTrainerInput, PlatformJob, TrainerRef
+    from shepherd.phases import Phase
+    from shepherd.platform import rules
+    from workflows.context import JobContext
+    from workflows.flow import DEAD, PLACED, RUNNING, PauseNow
+    from workflows.held import TrainerWork
+    from workflows.policies import ActivityPolicy
+
+
+async def provision(ctx: JobContext, work: TrainerWork) -> None:
+    """A new trainer job (a new id: deleted ids are never reused), ready to work."""
+    ctx.s.generation = 0 if ctx.s.trainer_job_id is None else ctx.s.generation + 1
+    ctx.s.trainer_job_id = f"{ctx.prefix}-g{ctx.s.generation}"
+    ctx.event_state, ctx.observed_at, ctx.serving = None, None, False
+    ctx.session = None
+    ctx.upsert([sa.TRAINER_JOB_ID.value_set(ctx.s.trainer_job_id)])
+    ctx.set_phase(Phase.QUEUED)
+    t = ctx.spec.trainer
+    # From the create request on, the trainer may exist: a cancel waits for the create to
+    # end and cleanup deletes the id (a trainer created after its delete would be nobody's).
+    ctx.trainer_live = True
+    job = await ctx.act(
+        ProvisioningActivities.create_trainer,
+        CreateTrainerInput(
+            backend=ctx.spec.backend,
+            trainer_job_id=ctx.s.trainer_job_id,
+            trainer=t,
+            shape_version=ctx.shape_version,
+            seed=ctx.spec.training.seed,
+            preemptible=ctx.preemptible,
+            display_name=(t.display_name or ctx.s.workflow_id)[: rules.MAX_DISPLAY_NAME_LEN],
+        ),
+        ctx.pol.create_trainer,
+        f"create trainer {ctx.s.trainer_job_id}",
+        wait_for_cancel=True,
+    )
+    ctx.observe(job)
+    await come_up(ctx, work)
+
+
+async def come_up(ctx: JobContext, work: TrainerWork) -> None:
+    """From a created or resumed job to a trainer the work is ready on."""
+    await await_state(
+        ctx,
+        ReadinessActivities.wait_for_placement,
+        PLACED,
+        ctx.pol.wait_placement,
+        "PendingTimeout",
+        "placement",
+    )
+    ctx.set_phase(Phase.SCHEDULING)
+    await await_state(
+        ctx,
+        ReadinessActivities.wait_for_running,
+        RUNNING,
+        ctx.pol.wait_running,
+        "ReadyTimeout",
+        "RUNNING",
+    )
+    ctx.set_phase(Phase.PREPARING)
+    ctx.session = None  # a (re)started trainer holds no model
+    await work.prepare(ctx)
+
+
+async def await_state(
+    ctx: JobContext,
+    poll: Callable[[Any, TrainerRef], Awaitable[PlatformJob]],
+    targets: set[str],
+    policy: ActivityPolicy,
+    timeout_type: str,
+    what: str,
+    *,
+    death_is_loss: bool = True,
+) -> PlatformJob | None:
+    """Wait for the trainer to reach ``targets``: a polling activity (retries are the poll
+    interval) raced against platform events, whichever knows first. A pause asked for meanwhile
+    (outside a recovery) stops the wait (:class:`PauseNow`); a death is a loss."""
+    if ctx.event_state in targets:
+        return None
+
+    def event_says() -> bool:
+        if ctx.cancel_seen():
+            return True
+        if ctx.pause_requested and ctx.stage is not Phase.RECOVERING:
+            return True
+        if ctx.event_state in targets:
+            return True
+        return death_is_loss and ctx.event_state in DEAD
+
+    ctx.stop_if_cancelled()
+    handle = workflow.start_activity_method(
+        poll, ctx.ref(), **ctx.options(policy), summary=f"wait for {what}"
+    )
+    waiter = asyncio.ensure_future(workflow.wait_condition(event_says))
+    await ctx.race(handle, waiter)
+    if handle.done():
+        waiter.cancel()
+        try:
+            job = handle.result()
+        except ActivityError as err:
+            ctx.raise_mapped(err, timeout_type, what)
+        ctx.observe(job)
+        return job
+    handle.cancel()
+    with contextlib.suppress(ActivityError):
+        await handle
+    # The poll's cancellation is expected; a cancel request meanwhile surfaces as it.
+    ctx.stop_if_cancelled()
+    if ctx.pause_requested and ctx.stage is not Phase.RECOVERING:
+        raise PauseNow()
+    if ctx.event_state in targets:
+        return None
+    raise ctx.death_event()
+
+
+async def delete(ctx: JobContext) -> None:
+    """Give the trainer back (sent even after a cancel request)."""
+    if not ctx.trainer_live or ctx.s.trainer_job_id is None:
+        return
+    ctx.s.cleanup = "deleting"
+    deleted = await ctx.act(
+        ProvisioningActivities.delete_trainer,
+        ctx.ref(),
+        ctx.pol.delete_trainer,
+        "delete the trainer",
+        cleanup=True,
+    )
+    if deleted is not None:
+        ctx.observe(deleted)
+    ctx.trainer_live = ctx.serving = False
+    ctx.session = None
+    ctx.s.cleanup = "done"
