@@ -12,7 +12,7 @@ under ``HF_HOME``. This module:
       python -m shepherd.offline --hf-home DIR Qwen/Qwen3-8B-Base
 
   (a real model's tokenizer for a hosted trainer comes from the Hub instead, downloaded once
-  where there is network: README, "Tokenizers offline");
+  where there is network: docs/programs.md, "Tokenizers offline");
 * says whether a tokenizer loads offline on this worker (:func:`tokenizer_problem`), which a
   program job's preflight asks before any trainer exists.
 """
@@ -34,8 +34,8 @@ SNAPSHOT = "0" * 40
 #: The model names ``shepherd dev`` prepares: the examples' (the cookbook's model table has it,
 #: and its recommended renderer, role_colon, needs only what a byte-level tokenizer has).
 DEV_MODELS = ("Qwen/Qwen3-8B-Base",)
-#: Where the README says how to get a tokenizer onto an offline worker.
-HOW = 'README, "Tokenizers offline"'
+#: Where the docs say how to get a tokenizer onto an offline worker.
+HOW = 'docs/programs.md, "Tokenizers offline"'
 #: Hugging Face repo ids: ``name`` or ``org/name`` (no path tricks: they become directories).
 _REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?")
 _TRUE = {"1", "true", "yes", "on"}

@@ -273,7 +273,7 @@ async def claim_holder(
             raise ValueError(
                 f"the model-id claim could not be checked ({exc.message}); Shepherd's search "
                 "attributes are missing in this namespace: start a worker once (it registers "
-                "them) or see README, 'Running in production'"
+                "them) or see docs/production.md"
             ) from None
         raise
     return None

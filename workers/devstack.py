@@ -143,7 +143,7 @@ def stop_process(
 #: A new server timer (a heartbeat timeout, a retry's backoff) may fire up to this late; the
 #: default (1 s) adds about a second to noticing a dead worker and to every short retry
 #: (bench/crash.py). 10 ms costs the dev server a little CPU; for a cluster it is the
-#: operator's call (README, "Sizing workers").
+#: operator's call (docs/production.md, "Sizing workers").
 TIMER_FLAGS = ["--dynamic-config-value", 'history.timerProcessorMaxTimeShift="10ms"']
 
 
@@ -377,7 +377,7 @@ class DevStack:
         return self
 
     async def _install_reaper(self) -> None:
-        """The reaper's Schedule, at a dev stack's pace (README, "Running in production"
+        """The reaper's Schedule, at a dev stack's pace (docs/production.md
         for a cluster's)."""
         assert self.temporal is not None
         client = await connect(TemporalSettings(address=self.temporal.address))

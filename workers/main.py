@@ -84,7 +84,7 @@ def activities_for(
 @dataclass(frozen=True)
 class WorkerSizing:
     """How much one worker process takes on. The defaults are sized for a few thousand open
-    jobs per worker on a small machine (README, "Sizing workers"); each knob can be set from
+    jobs per worker on a small machine (docs/production.md, "Sizing workers"); each knob can be set from
     the environment (``SHEPHERD_WORKER_<FIELD>``)."""
 
     #: Workflows kept in memory between their tasks (~0.2 MiB each). A job's workflow that
@@ -282,7 +282,7 @@ async def _require_search_attributes(client: Client) -> None:
     except RPCError as exc:
         raise SystemExit(
             f"Shepherd's search attributes could not be checked or registered in namespace "
-            f"{client.namespace!r} ({exc.message}). Register them (README, 'Running in production') "
+            f"{client.namespace!r} ({exc.message}). Register them (docs/production.md) "
             "or give this worker the permission to."
         ) from None
     if added:

@@ -43,7 +43,7 @@ def test_a_missing_tokenizer_is_named_with_how_to_get_it(tmp_path: Path) -> None
     env = offline.offline_env(tmp_path / "empty")
     problem = offline.tokenizer_problem(MODEL, env)
     assert problem is not None and MODEL in problem
-    assert 'README, "Tokenizers offline"' in problem
+    assert 'docs/programs.md, "Tokenizers offline"' in problem
     assert f"python -m shepherd.offline --hf-home {tmp_path / 'empty'} {MODEL}" in problem
     # Online, the program downloads it: nothing to check.
     assert offline.tokenizer_problem(MODEL, {"HF_HOME": str(tmp_path / "empty")}) is None

@@ -231,6 +231,6 @@ async def test_the_first_activity_refuses_a_program_it_cannot_run_as_asked(
         status = await stack.status(handles[case])
         assert status.phase is Phase.FAILED and status.trainer_job_id is None, case
         if case == "tokenizer":  # and how to get one
-            assert 'README, "Tokenizers offline"' in str(cause)
+            assert 'docs/programs.md, "Tokenizers offline"' in str(cause)
             assert "python -m shepherd.offline" in str(cause), str(cause)
     assert (await stack.admin.stats())["creates"] == creates  # no trainer, not one
