@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.base import ClientProvider, keepalive, log
+from activities.base import ClientProvider, keepalive, log, lost, snapshot
 from shepherd import programs
 from shepherd.models import (
     CheckpointRecord,
@@ -71,6 +71,8 @@ class _Run:
 
     proxy: ProgramProxy
     events: asyncio.Queue[Any]
+    #: The job's platform (the proxy's control plane): what a lost trainer's state is.
+    platform: Any = None
     step: int = 0
     last_loss: float | None = None
     losses: list[tuple[int, float]] = field(default_factory=list)
@@ -187,7 +189,7 @@ class ProgramActivities:
             _proxy_settings(inp, program, directory),
             on_event=events.put,
         )
-        run = _Run(proxy=proxy, events=events)
+        run = _Run(proxy=proxy, events=events, platform=self.clients.client(inp.backend))
         progress: dict[str, Any] = {}
         # Everything, the proxy's start and close included, runs under the heartbeat: code
         # after the program's exit that outlived the heartbeat timeout would have the
@@ -394,10 +396,9 @@ class ProgramActivities:
         try:
             done = await run.proxy.attach(inp.trainer_job_id)
         except ProxyError as exc:
-            # The trainer was lost while its models were restored: the workflow recovers it.
-            raise ApplicationError(
-                str(exc), type=policies.TRAINER_LOST, non_retryable=True
-            ) from None
+            # The trainer was lost while its models were restored: the workflow recovers it,
+            # told what the platform says of it (a preemption counts as one).
+            raise await self._lost(inp.trainer_job_id, str(exc)) from None
         return ProgramAttachResult(
             restored_from=done.restored_from.name if done.restored_from else None,
             ops_redone=done.ops_redone,
@@ -412,7 +413,23 @@ class ProgramActivities:
 
     @activity.defn(name="program_checkpoint")
     async def program_checkpoint(self, inp: ProgramControlInput) -> CheckpointRecord | None:
-        return await self._run().proxy.checkpoint_now()
+        from shepherd.proxy import ProxyError
+
+        run = self._run()
+        trainer = run.proxy.trainer_job_id or ""
+        try:
+            return await run.proxy.checkpoint_now()
+        except ProxyError as exc:
+            raise await self._lost(trainer, str(exc)) from None
+
+    async def _lost(self, trainer_job_id: str, said: str) -> ApplicationError:
+        """The proxy saw the trainer go: the loss with the platform's view of the job."""
+        run = self._run()
+        try:
+            job = snapshot(await run.platform.get_job(trainer_job_id))
+        except Exception:  # noqa: BLE001 - the proxy's word is still the news
+            return ApplicationError(said, type=policies.TRAINER_LOST, non_retryable=True)
+        return lost(job)
 
 
 def _proxy_settings(

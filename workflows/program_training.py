@@ -213,6 +213,12 @@ class ProgramTraining:
             )
         except _Gone:
             return None
+        except ActivityError:
+            # The trainer was lost before the checkpoint was taken: the pause goes on, and
+            # the job resumes from its last checkpoint (as a loop's pause does).
+            ctx.stop_if_cancelled()
+            self._attached = None
+            return None
         self._attached = None  # the proxy holds the program's requests now
         if record is not None:
             self._took_checkpoint(ctx, record)
@@ -270,6 +276,10 @@ class ProgramTraining:
             if self._attempt == attempt:
                 self._queue = None  # wait for the attempt that runs it now
             return
+        except ActivityError as err:
+            # The trainer was lost while the proxy restored the program's model on it (a
+            # preemption during the restore): a loss like any other, recovered from.
+            ctx.raise_mapped(err, "ProgramTimeout", f"attach the program to {trainer}")
         self._attached = trainer
         restored = done.restored_from is not None or done.ops_redone
         if restored and ctx.s.recoveries and ctx.s.recoveries[-1].weights_verified is None:

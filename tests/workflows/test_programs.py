@@ -230,6 +230,33 @@ async def test_a_program_that_holds_its_trainer_idle_is_told_in_its_log(
     assert len(said) <= 6
 
 
+async def test_a_preemption_while_the_proxy_restores_is_recovered_too(
+    stack: Stack, programs_env: Path, faults: PlaneAdmin
+) -> None:
+    """The trainer is lost again while the proxy restores the program's model on the one the
+    first recovery brought back (its load held, then the trainer preempted): a second
+    recovery, not a failed job; the program ends with its own weights, started once."""
+    data = r"/training/v1/rlorTrainerJobs/[^/]+/[^/]+/api/v1/"
+    handle = await stack.start(sft_spec(stack, "twice", steps=12))
+    await until_printed(programs_env, handle, 6)  # past the checkpoint at step 4
+    trainer = (await stack.status(handle)).trainer_job_id or ""
+    hold = await faults.hold(data + "load_weights$", method="POST")
+    await faults.preempt(trainer)
+    async with asyncio.timeout(60):
+        while not await faults.held(hold):
+            await asyncio.sleep(0.05)
+    await faults.preempt(trainer)  # the restore's load is in flight on it
+    await faults.release(hold)
+    final: JobStatus = await handle.result()
+    assert final.phase is Phase.COMPLETED and final.step == 12
+    assert len(final.recoveries) == 2 and final.preemptions == 2
+    assert await program_starts(handle) == 1
+    out = printed(programs_env, handle)
+    assert [line["step"] for line in out if "loss" in line] == list(range(1, 13))
+    ended = [line for line in out if "final" in line]
+    assert await promoted_digest(stack, "twice") == ended[-1]["digest"]
+
+
 async def until_printed(directory: Path, handle: WorkflowHandle[Any, Any], step: int) -> None:
     """Wait until the program printed step ``step`` (a test-side wait)."""
     async with asyncio.timeout(60):
