@@ -73,11 +73,12 @@ race), :mod:`.ids`, :mod:`.state`, :mod:`.settings` (every bound, with its reaso
 What a program keeps across Shepherd's checkpoints and a trainer loss: every sampler it
 holds stays live on the trainer that has it; on a new trainer a sampler is made again from
 its base model, its checkpoint path, a snapshot in the redo log, a checkpoint's sampler twin,
-or — for a snapshot of a model's first weights (a frozen reference, as DPO keeps) — from the
-base model or the checkpoint the model was loaded from. Only a snapshot taken before the last
-checkpoint at other weights than that checkpoint's cannot be made again after a loss (a clear
-400 names it). Provenance spans (``stable_reinforce``'s recorded sequences) travel as the
-``logprobs`` they name, which the proxy kept from the samples: they mean the same on every
+the base model (a snapshot of a new model's first weights: a frozen reference, as DPO keeps)
+or a *recipe* (any other snapshot that left the redo log: the restore point before it and
+the operations since, sent again to a scratch model) — kept for the
+:data:`~shepherd.proxy.settings.MAX_REMADE_SNAPSHOTS` most recently used such snapshots; an
+older one cannot be made again after a loss (a clear 400 names it). Provenance spans
+(``stable_reinforce``'s recorded sequences) travel as the ``logprobs`` they name, which the proxy kept from the samples: they mean the same on every
 trainer. ``tinker://`` paths are the platform's own: they work in any job of the account,
 after this one ended. The job's model is kept on the trainer after the program finishes its
 session, so the final checkpoint holds the weights the program ended with. A direct call held

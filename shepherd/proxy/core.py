@@ -40,11 +40,20 @@ from shepherd.proxy.settings import (
     IDS_FILE,
     MAX_KEPT_SEQUENCE_TOKENS,
     MAX_REDO_OPS,
+    MAX_REMADE_SNAPSHOTS,
     MAX_SAMPLERS,
     PROGRESS_HISTORY,
     ProxySettings,
 )
-from shepherd.proxy.state import Checkpoint, FutureTable, Model, Op, Sampler, Session
+from shepherd.proxy.state import (
+    Checkpoint,
+    FutureTable,
+    Model,
+    Op,
+    Recipe,
+    Sampler,
+    Session,
+)
 from shepherd.proxy.upstream import Detached, TrainerGone, Upstream
 
 log = structlog.stdlib.get_logger("shepherd.proxy")
@@ -63,6 +72,8 @@ class Refused(Exception):
         self.code, self.status, self.message = code, status, message
 
 
+#: Operations that change a model's state: what a snapshot's recipe sends again.
+_STATE_OPS = frozenset({"forward_backward", "optim_step", "load_weights"})
 #: What a trainer says of an id it does not hold (a model, a sampler, a session).
 _NOT_HERE = "is not on this trainer"
 
@@ -879,41 +890,68 @@ class Core:
             keep = [op for op in before[last_change + 1 :] if op.op == "forward_backward"]
             gone = [op for op in before if op not in keep]
             model.redo = keep + [op for op in model.redo if op.lpos is None or op.lpos >= ckpt.lpos]
-            model.checkpoint = ckpt
-            self._settle_snapshots(model, ckpt, gone)
+            prev, model.checkpoint = model.checkpoint, ckpt
+            self._settle_snapshots(model, ckpt, before, gone, prev)
+            pinned = self._pinned()
             for op in gone:
-                op.release()
+                if id(op) not in pinned:  # a snapshot's recipe still needs it
+                    op.release()
 
-    def _settle_snapshots(self, model: Model, ckpt: Checkpoint, gone: list[Op]) -> None:
-        """Snapshots leaving the redo log (each stays live on this trainer): made again on a
-        later one from the checkpoint's sampler twin when they hold its weights; from the
-        base model, or a model loaded as the program loaded it, when they hold the model's
-        first weights (a frozen reference, as DPO keeps); else lost for a later trainer."""
+    def _settle_snapshots(
+        self,
+        model: Model,
+        ckpt: Checkpoint,
+        before: list[Op],
+        gone: list[Op],
+        prev: Checkpoint | None,
+    ) -> None:
+        """Snapshots leaving the redo log (each stays live on this trainer), and how a later
+        trainer makes each again: from the checkpoint's sampler twin when they hold its
+        weights; from the base model when they hold a new model's first weights (a frozen
+        reference, as DPO keeps); else from a recipe — the restore point before them and the
+        operations since, sent again to a scratch model — for the most recently used few
+        (:data:`MAX_REMADE_SNAPSHOTS`); the rest are lost for a later trainer."""
         left = {id(op) for op in gone}
-        for sampler in self.samplers.values():
+        for sampler in list(self.samplers.values()):
             snap = sampler.snap_op
             if sampler.model is not model or snap is None or id(snap) not in left:
                 continue
+            sampler.snap_op = None
             if snap.wver == ckpt.wver:
                 sampler.kind = "path"
                 sampler.trainer_path = ckpt.record.sampler
-                sampler.snap_op = None
             elif snap.wver == 0 and model.create.op == "create_model":
                 # A new model's first weights are its base model's: LoRA adapters start at
                 # zero (B = 0), and a full fine-tune starts from the base weights.
                 sampler.kind = "base"
                 sampler.base_model = self.settings.trainer_base_model
-                sampler.snap_op = None
-            elif snap.wver == 0 and model.create.op == "load_weights":
-                sampler.kind = "loaded"
-                sampler.snap_op = None
             else:
-                sampler.lost = (
-                    f"sampling session {sampler.program_id} was a snapshot of model "
-                    f"{model.program_id} older than Shepherd's checkpoint {ckpt.name}; after "
-                    "the trainer was replaced it cannot be made again: save the weights for "
-                    "the sampler anew"
-                )
+                cut = snap.lpos if snap.lpos is not None else 0
+                ops = [
+                    op
+                    for op in before
+                    if op.lpos is not None and op.lpos < cut and op.op in _STATE_OPS
+                ]
+                sampler.kind = "remade"
+                sampler.recipe = Recipe(model, prev, ops)
+        self._bound_recipes()
+
+    def _bound_recipes(self) -> None:
+        """Keep the recipes of the most recently used remade snapshots; the others' samplers
+        cannot be made again after a loss (their operations are let go)."""
+        remade = [s for s in self.samplers.values() if s.recipe is not None]
+        for sampler in remade[: max(0, len(remade) - MAX_REMADE_SNAPSHOTS)]:
+            sampler.recipe = None
+            sampler.lost = (
+                f"sampling session {sampler.program_id} was a snapshot of weights between two "
+                f"of Shepherd's checkpoints, and {MAX_REMADE_SNAPSHOTS} more recently used "
+                "ones are what the proxy keeps the means to make again: after the trainer was "
+                "replaced it cannot be made again — save the weights for the sampler anew"
+            )
+
+    def _pinned(self) -> set[int]:
+        """Operations a remade snapshot's recipe needs (kept out of release)."""
+        return {id(op) for s in self.samplers.values() if s.recipe for op in s.recipe.ops}
 
     # ------------------------------------------------------------------ samplers
 
@@ -932,10 +970,10 @@ class Core:
             return
         if sampler.lost is not None:
             raise Refused(400, "FAILED_PRECONDITION", sampler.lost)
-        if sampler.kind == "loaded":
+        if sampler.kind == "remade":
             async with sampler.lock:
                 if sampler.gen != self.gen or sampler.trainer_id is None:
-                    await self._sampler_from_load(sampler, up)
+                    await self._remake(sampler, up)
             return
         if sampler.kind == "snapshot":
             model = sampler.model
@@ -973,35 +1011,49 @@ class Core:
             sampler.gen = self.gen
             self.ids.learn(sampler.trainer_id, sampler.program_id)
 
-    async def _sampler_from_load(self, sampler: Sampler, up: Upstream) -> None:
-        """A snapshot of a loaded model's first weights, made again: the checkpoint loaded
-        into a scratch model as the program loaded it, saved for sampling, then unloaded."""
-        model = sampler.model
-        if model is None:
-            raise Refused(400, "FAILED_PRECONDITION", f"sampler {sampler.program_id}: no model")
+    async def _remake(self, sampler: Sampler, up: Upstream) -> None:
+        """A snapshot's weights made again: its recipe's base (a Shepherd checkpoint, with
+        optimizer state; or the model made as the program made it) in a scratch model, the
+        recipe's operations sent again in order, saved for sampling, the scratch unloaded."""
+        recipe = sampler.recipe
+        if recipe is None:
+            raise Refused(400, "FAILED_PRECONDITION", f"sampler {sampler.program_id}: no recipe")
         tsession = await self.trainer_session(sampler.session, up)
         mseq = sampler.session.next_model_seq
         sampler.session.next_model_seq += 1
-        body = {k: v for k, v in model.create.body.items() if k not in ("seq_id", "type")}
-        if isinstance(body.get("path"), str):
-            body["path"] = self.ids.trainer_path(body["path"])
+        body: dict[str, Any]
+        if recipe.base is not None:
+            kind, body = "load_weights", {"path": recipe.base.ref, "optimizer": True}
+        else:
+            kind, body = recipe.model.create.op, dict(recipe.model.create.body)
+            if kind == "load_weights" and isinstance(body.get("path"), str):
+                body["path"] = self.ids.trainer_path(body["path"])
         body.update({"session_id": tsession, "model_seq_id": mseq})
         try:
-            ticket = await up.call("POST", "load_weights", body)
-            answer = await self.await_trainer(up, str(ticket["request_id"]))
-            if "error" in answer:
-                raise Refused(400, "FAILED_PRECONDITION", f"{answer['error']}")
-            scratch = str(answer.get("model_id") or ids.model_id(tsession, mseq))
+            scratch = await self._made(up, kind, body, ids.model_id(tsession, mseq))
+            tickets = []
+            for n, op in enumerate(recipe.ops, start=1):
+                sent = dict(op.body)
+                sent.update({"model_id": scratch, "seq_id": n})
+                if op.op == "load_weights" and isinstance(sent.get("path"), str):
+                    sent["path"] = self.ids.trainer_path(sent["path"])
+                if op.op == "forward_backward":
+                    self._map_spans(sent)
+                tickets.append(await up.call("POST", endpoint(op), sent))
+            for ticket in tickets:
+                answer = await self.await_trainer(up, str(ticket["request_id"]))
+                if "error" in answer:
+                    raise Refused(400, "FAILED_PRECONDITION", f"remaking: {answer['error']}")
             save = {
                 "model_id": scratch,
-                "seq_id": 1,
+                "seq_id": len(recipe.ops) + 1,
                 "sampling_session_seq_id": sampler.session.next_sampler_seq,
             }
             sampler.session.next_sampler_seq += 1
             ticket = await up.call("POST", "save_weights_for_sampler", save)
             answer = await self.await_trainer(up, str(ticket["request_id"]))
             if "error" in answer:
-                raise Refused(400, "FAILED_PRECONDITION", f"{answer['error']}")
+                raise Refused(400, "FAILED_PRECONDITION", f"remaking: {answer['error']}")
             with contextlib.suppress(PlatformError):
                 await up.call("POST", "unload_model", {"model_id": scratch})
         except PlatformError as exc:
@@ -1009,10 +1061,19 @@ class Core:
                 raise await self.refusal(up, exc) from None
             raise
         if not self.live(up):
-            raise Detached("sampler from a load")
+            raise Detached("remake a sampler")
         sampler.trainer_id = str(answer["sampling_session_id"])
         sampler.gen = self.gen
         self.ids.learn(sampler.trainer_id, sampler.program_id)
+        log.info("proxy.sampler_remade", sampler=sampler.program_id, ops=len(recipe.ops))
+
+    async def _made(self, up: Upstream, kind: str, body: dict[str, Any], default: str) -> str:
+        """A scratch model made by ``kind`` (create_model or load_weights): its trainer id."""
+        ticket = await up.call("POST", kind, body)
+        answer = await self.await_trainer(up, str(ticket["request_id"]))
+        if "error" in answer:
+            raise Refused(400, "FAILED_PRECONDITION", f"remaking: {answer['error']}")
+        return str(answer.get("model_id") or default)
 
     async def send_sample(self, op: Op, up: Upstream) -> None:
         sampler = op.sampler

@@ -55,6 +55,11 @@ MAX_REDO_OPS: Final = 4096
 #: Program sampling sessions remembered (least recently used out): an RL program takes a
 #: new sampler every step; the trainer itself keeps 32. A forgotten one answers a clear 400.
 MAX_SAMPLERS: Final = 4096
+#: Snapshots (of weights between two checkpoints) the proxy can make again after a trainer
+#: loss, the most recently used: each keeps the operations from the restore point before it
+#: to it (at most a checkpoint interval of batches). A program keeps one or two such samplers
+#: (a reference, a teacher); an RL loop's per-step samplers are used once and let go.
+MAX_REMADE_SNAPSHOTS: Final = 4
 #: Tokens of sampled sequences whose log-probabilities the proxy keeps for provenance spans
 #: (~8 bytes each: 32 MiB). An RL step's spans name what it sampled in the same or the last
 #: few steps; a step of 64 prompts x 8 samples x 1,000 tokens is 0.5 M.

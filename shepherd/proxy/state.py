@@ -228,7 +228,18 @@ class Model:
             del self.ops[seq]
 
 
-SamplerKind = Literal["base", "path", "snapshot", "loaded"]
+SamplerKind = Literal["base", "path", "snapshot", "remade"]
+
+
+@dataclass(eq=False)
+class Recipe:
+    """How a snapshot's weights are made again on another trainer: from the model's restore
+    point it followed (None: the model as the program made it), the operations between it and
+    the snapshot, sent again to a scratch model (training is bit-reproducible)."""
+
+    model: Model
+    base: Checkpoint | None
+    ops: list[Op]
 
 
 @dataclass(eq=False)
@@ -246,8 +257,10 @@ class Sampler:
     #: ``snapshot``: the model and the save that took it.
     model: Model | None = None
     snap_op: Op | None = None
-    #: Why it cannot be made again on a later trainer (set when its snapshot left the redo
-    #: log at other weights than a checkpoint's); it stays live on the trainer that has it.
+    #: ``remade``: how its weights are made again after its snapshot left the redo log.
+    recipe: Recipe | None = None
+    #: Why it cannot be made again on a later trainer (a snapshot left the redo log at other
+    #: weights than a checkpoint's, beyond the recipes kept); it stays live where it is.
     lost: str | None = None
     trainer_id: str | None = None
     gen: int = 0

@@ -209,3 +209,28 @@ async def test_recorded_sequences_train_on_a_new_trainer_with_the_same_weights(
             await model.run("optim_step", model.optim_body())
     restored = rig.attaches[-1]
     assert restored.models_restored == 1 and restored.digests_match is True
+
+
+async def test_a_snapshot_kept_across_checkpoints_is_made_again_after_a_trainer_loss(
+    rigs: Callable[..., Awaitable[Rig]],
+) -> None:
+    """A snapshot of weights between two checkpoints (step 1's), kept while the model trains
+    on past two of Shepherd's checkpoints, still samples the same after the trainer is lost:
+    made again from the model as made and step 1's operations, sent again to a scratch model."""
+    rig = await rigs(checkpoint_every=2)
+    await rig.new_trainer()
+    await rig.attach()
+    async with TinkerHTTP(rig.proxy.url, rig.proxy.api_key) as api:
+        model = await api.create_model(await api.session(), 0, BASE_MODEL, lora_rank=RANK)
+        await model.train(1, 1)
+        kept = (await model.run("save_weights_for_sampler", {"sampling_session_seq_id": 0}))[
+            "sampling_session_id"
+        ]
+        before = await _prompt_logprobs(api, kept, 1)
+        await model.train(2, 5)  # Shepherd's checkpoints at steps 2 and 4
+        assert await _prompt_logprobs(api, kept, 2) == before
+        await rig.preempt()
+        assert await _prompt_logprobs(api, kept, 3) == before
+        # The model itself trains on from where it was.
+        assert len(await model.train(6, 6)) == 1
+    assert not any(e.kind == "trainer_lost" for e in rig.events)

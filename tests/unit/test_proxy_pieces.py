@@ -260,8 +260,13 @@ def test_a_snapshot_leaving_the_log_is_made_from_the_checkpoint_its_start_or_los
     samplers = core.samplers
     assert samplers["first"].lost is None and samplers["first"].kind == "base"
     assert samplers["first"].base_model == core.settings.trainer_base_model
-    lost = samplers["middle"].lost
-    assert lost is not None and "older than Shepherd's checkpoint" in lost
+    # Between the two: made again from the model as made (no restore point before it) and
+    # the operations up to it, which are kept for it.
+    middle = samplers["middle"]
+    assert middle.lost is None and middle.kind == "remade" and middle.recipe is not None
+    assert middle.recipe.base is None
+    assert [op.op for op in middle.recipe.ops] == ["forward_backward", "optim_step"]
+    assert all(op.body for op in middle.recipe.ops)  # not let go
     assert samplers["same"].lost is None and samplers["same"].kind == "path"
     assert samplers["same"].trainer_path == "n-sampler"
 
@@ -275,4 +280,31 @@ def test_a_snapshot_leaving_the_log_is_made_from_the_checkpoint_its_start_or_los
     core.add_sampler(sampler)
     loaded.pending.append(_checkpoint(loaded))
     core.truncate(loaded)
-    assert sampler.lost is None and sampler.kind == "loaded"
+    assert sampler.lost is None and sampler.kind == "remade" and sampler.recipe is not None
+    assert sampler.recipe.ops == [] and sampler.recipe.base is None
+
+
+def test_only_the_most_recently_used_snapshots_keep_their_recipes() -> None:
+    """A snapshot per step (an RL loop's) does not keep every interval's operations: beyond
+    the most recently used few, a snapshot is lost for a later trainer, its operations let go."""
+    from shepherd.proxy.settings import MAX_REMADE_SNAPSHOTS
+
+    core = _core()
+    session = Session("s", {})
+    model = Model("p", session, 0, Op("create_model", {}))
+    snaps = []
+    for step in range(MAX_REMADE_SNAPSHOTS + 2):
+        _logged(core, model, "forward_backward")
+        _logged(core, model, "optim_step")
+        snap = _logged(core, model, "save_weights_for_sampler")
+        sampler = Sampler(f"s{step}", session, "snapshot", model=model, snap_op=snap)
+        snap.sampler = sampler
+        core.add_sampler(sampler)
+        snaps.append(sampler)
+    _logged(core, model, "forward_backward")
+    _logged(core, model, "optim_step")
+    model.pending.append(_checkpoint(model))
+    core.truncate(model)
+    kept = [s for s in snaps if s.recipe is not None]
+    assert kept == snaps[-MAX_REMADE_SNAPSHOTS:]
+    assert all(s.lost is not None and s.recipe is None for s in snaps[:-MAX_REMADE_SNAPSHOTS])
