@@ -10,10 +10,8 @@ import os
 import sys
 
 import httpx
-from fireworks.training import sdk
-from fireworks.training.sdk import FiretitanServiceClient
 
-from tests.plane.sdk_support import BASE_MODEL, CORPUS, RESULT_TIMEOUT, byte_datums
+from tests.proxy.fork_loop import service_from_env, train
 
 ARGS = dict(arg.split("=", 1) for arg in sys.argv[1:] if "=" in arg)
 
@@ -30,19 +28,9 @@ def digest(model_id: str) -> str | None:
 
 
 def main(steps: int) -> None:
-    service = FiretitanServiceClient(
-        base_url=os.environ["TINKER_BASE_URL"], api_key=os.environ["TINKER_API_KEY"]
-    )
+    service = service_from_env()
     try:
-        training = service.create_training_client(base_model=BASE_MODEL, lora_rank=4, seed=0)
-        data = byte_datums(sdk, CORPUS)
-        adam = sdk.AdamParams(learning_rate=1e-2)
-        for step in range(1, steps + 1):
-            fb = training.forward_backward(data, "cross_entropy")
-            optim = training.optim_step(adam)
-            loss = fb.result(RESULT_TIMEOUT).metrics["loss:sum"]
-            optim.result(RESULT_TIMEOUT)
-            print(json.dumps({"step": step, "loss": loss}), flush=True)  # noqa: T201
+        training, _ = train(service, steps)
         print(json.dumps({"final": True, "digest": digest(training.model_id)}), flush=True)  # noqa: T201
     finally:
         service.close()

@@ -30,8 +30,6 @@ tests/plane/test_cookbook_recipes_direct.py (so a failure here is Shepherd's).""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -43,17 +41,15 @@ from temporalio.client import WorkflowHandle
 from localplane.admin import PlaneAdmin
 from shepherd.models import JobStatus
 from shepherd.phases import Phase
-from shepherd.states import JobState
-from tests.helpers import wait_state
 from tests.plane import cookbook_datasets as data
 from tests.plane import cookbook_support as cb
 from tests.workflows.conftest import Stack
 from tests.workflows.test_programs import (
     BASE,
     optim_steps_served,
+    preempted_twice_with_a_route_race,
     program_starts,
     promoted_digest,
-    until_step,
 )
 
 pytestmark = [pytest.mark.slow]
@@ -157,55 +153,6 @@ def saved(directory: Path, handle: WorkflowHandle[Any, Any]) -> list[dict[str, A
     """The program's own checkpoints (the cookbook's checkpoints.jsonl)."""
     path = directory / handle.id / "checkpoints.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-async def until_step_or_end(
-    stack: Stack, handle: WorkflowHandle[Any, Any], log_dir: Path, step: int
-) -> None:
-    """Wait until the recipe logged its step ``step``; fail at once if the job ends first."""
-    reached = asyncio.ensure_future(until_step(log_dir, step))
-    ended = asyncio.ensure_future(handle.result())
-    await asyncio.wait({reached, ended}, return_when=asyncio.FIRST_COMPLETED)
-    for task in (reached, ended):
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
-    if not reached.done() or reached.cancelled() or reached.exception() is not None:
-        status = await stack.status(handle)
-        raise AssertionError(
-            f"the job ended ({status.phase}) before its program's step {step}: {status.error}"
-        )
-
-
-async def preempted_twice_with_a_route_race(
-    stack: Stack,
-    faults: PlaneAdmin,
-    handle: WorkflowHandle[Any, Any],
-    log_dir: Path,
-    first: int,
-    second: int,
-) -> JobStatus:
-    """test_programs.py's helper of the same name (preempt at step ``first``, make the
-    gateway's routes lag, preempt again at step ``second``; the final status), failing at once
-    when the job ends before a step it waits for instead of waiting out a timeout."""
-    await until_step_or_end(stack, handle, log_dir, first)
-    trainer = (await stack.status(handle)).trainer_job_id or ""
-    await faults.preempt(trainer)
-    await until_step_or_end(stack, handle, log_dir, second)
-    # Only a running trainer can be preempted: the program may have logged that step before
-    # the first preemption took its trainer (a step's answer was already on its way), so the
-    # trainer may still be coming back. Once it runs, the preemption may strike while the
-    # proxy restores the program's model on it, as a real one may.
-    await wait_state(stack.account.client, trainer, JobState.RUNNING, timeout=120)
-    await faults.set_faults(routeLagSeconds={"min": 1.0, "max": 2.0})
-    await faults.preempt(trainer)
-    with contextlib.suppress(Exception):  # a failed job: its status says why, below
-        await handle.result()
-    final = await stack.status(handle)
-    assert final.phase is Phase.COMPLETED, (final.phase, final.error)
-    stats = await stack.admin.job_stats(stack.job_name(trainer))
-    assert stats["creates"] == 1 and stats.get("route404s", 0) > 0
-    return final
 
 
 async def program_final_digest(stack: Stack, status: JobStatus, name: str) -> str:

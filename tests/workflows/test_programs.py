@@ -367,6 +367,24 @@ async def promoted_digest(stack: Stack, name: str) -> str:
     return str((model.model_extra or {})["weightsDigest"])
 
 
+async def until_step_or_end(
+    stack: Stack, handle: WorkflowHandle[Any, Any], log_dir: Path, step: int
+) -> None:
+    """Wait until the recipe logged its step ``step``; fail at once if the job ends first."""
+    reached = asyncio.ensure_future(until_step(log_dir, step))
+    ended = asyncio.ensure_future(handle.result())
+    await asyncio.wait({reached, ended}, return_when=asyncio.FIRST_COMPLETED)
+    for task in (reached, ended):
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+    if not reached.done() or reached.cancelled() or reached.exception() is not None:
+        status = await stack.status(handle)
+        raise AssertionError(
+            f"the job ended ({status.phase}) before its program's step {step}: {status.error}"
+        )
+
+
 async def preempted_twice_with_a_route_race(
     stack: Stack,
     faults: PlaneAdmin,
@@ -376,14 +394,23 @@ async def preempted_twice_with_a_route_race(
     second: int,
 ) -> JobStatus:
     """Preempt the job's trainer at step ``first``, make the gateway's routes lag and preempt
-    it again at step ``second``; the job's final status."""
-    await until_step(log_dir, first)
+    it again at step ``second``; the job's final status. Fails at once when the job ends
+    before a step it waits for instead of waiting out a timeout."""
+    await until_step_or_end(stack, handle, log_dir, first)
     trainer = (await stack.status(handle)).trainer_job_id or ""
     await faults.preempt(trainer)
-    await until_step(log_dir, second)
+    await until_step_or_end(stack, handle, log_dir, second)
+    # Only a running trainer can be preempted: the program may have logged that step before
+    # the first preemption took its trainer (a step's answer was already on its way), so the
+    # trainer may still be coming back. Once it runs, the preemption may strike while the
+    # proxy restores the program's model on it, as a real one may.
+    await wait_state(stack.account.client, trainer, JobState.RUNNING, timeout=120)
     await faults.set_faults(routeLagSeconds={"min": 1.0, "max": 2.0})
     await faults.preempt(trainer)
-    final: JobStatus = await handle.result()
+    with contextlib.suppress(Exception):  # a failed job: its status says why, below
+        await handle.result()
+    final = await stack.status(handle)
+    assert final.phase is Phase.COMPLETED, (final.phase, final.error)
     stats = await stack.admin.job_stats(stack.job_name(trainer))
     assert stats["creates"] == 1 and stats.get("route404s", 0) > 0
     return final
