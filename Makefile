@@ -7,7 +7,8 @@ STAMP   = $(VENV)/.installed
 PYTEST_ARGS ?=
 # Two pytest processes, each with its own Temporal dev server and localplane: the suite waits
 # on timers and trainers more than it computes (serially it kept 0.76 of the 2 cores busy and
-# took 19 min; like this, 11). A module's tests stay on one process (its fixtures are shared).
+# took 19 min when two took 11; two take ~18 now). A module's tests stay on one process (its
+# fixtures are shared).
 TEST_WORKERS ?= 2
 
 .PHONY: help bootstrap browser test lint demo dev bench bench-scale clean
