@@ -232,14 +232,19 @@ async def clean_run(stack: Stack, name: str, program: str, args: dict[str, Any])
     return await promoted_digest(stack, name)
 
 
-async def test_sl_loop_survives_two_preemptions(
-    stack: Stack, recipes_env: Path, faults: PlaneAdmin
-) -> None:
-    args = {**SL_LOOP, "max_steps": 5}
-    # SFT is deterministic (no sampling): the run without faults ends at the same weights.
-    expected = await clean_run(stack, "slclean", "cookbook-sl-loop", args)
+async def same_weights_as_without_faults(
+    stack: Stack,
+    faults: PlaneAdmin,
+    recipes_env: Path,
+    name: str,
+    program: str,
+    args: dict[str, Any],
+) -> tuple[WorkflowHandle[Any, Any], JobStatus]:
+    """A deterministic recipe (5 steps) run without faults, then preempted twice (at steps 3
+    and 4): it survived, and promoted the weights of the run without faults."""
+    expected = await clean_run(stack, f"{name}clean", program, args)
     served_before = await optim_steps_served(stack)
-    handle = await stack.start(spec(stack, "slloop", "cookbook-sl-loop", args))
+    handle = await stack.start(spec(stack, name, program, args))
     final = await preempted_twice_with_a_route_race(
         stack, faults, handle, recipes_env / handle.id, 3, 4
     )
@@ -252,10 +257,21 @@ async def test_sl_loop_survives_two_preemptions(
         batches=5,
         served_before=served_before,
     )
+    assert await promoted_digest(stack, name) == expected
+    return handle, final
+
+
+async def test_sl_loop_survives_two_preemptions(
+    stack: Stack, recipes_env: Path, faults: PlaneAdmin
+) -> None:
+    args = {**SL_LOOP, "max_steps": 5}
+    # SFT is deterministic (no sampling): the run without faults ends at the same weights.
+    handle, final = await same_weights_as_without_faults(
+        stack, faults, recipes_env, "slloop", "cookbook-sl-loop", args
+    )
     assert final.total_steps == 5
     names = [s["name"] for s in saved(recipes_env, handle)]
     assert names == ["000002", "000004", "final"]
-    assert await promoted_digest(stack, "slloop") == expected
 
 
 async def test_rl_loop_survives_two_preemptions(
@@ -280,24 +296,11 @@ async def test_dpo_with_a_frozen_reference_survives_two_preemptions(
 ) -> None:
     args = {"model_name": cb.MODEL, "max_steps": 5}
     # DPO samples nothing (its reference only scores): without faults, the same weights.
-    expected = await clean_run(stack, "dpoclean", "cookbook-dpo", args)
-    served_before = await optim_steps_served(stack)
-    handle = await stack.start(spec(stack, "dpo", "cookbook-dpo", args))
-    final = await preempted_twice_with_a_route_race(
-        stack, faults, handle, recipes_env / handle.id, 3, 4
-    )
-    await check_survived(
-        stack,
-        handle,
-        final,
-        recipes_env / handle.id,
-        steps=5,
-        batches=5,
-        served_before=served_before,
+    handle, _ = await same_weights_as_without_faults(
+        stack, faults, recipes_env, "dpo", "cookbook-dpo", args
     )
     metrics = cb.metrics(recipes_env / handle.id)
     assert all("dpo_loss" in m for m in metrics), metrics[0].keys()
-    assert await promoted_digest(stack, "dpo") == expected
 
 
 async def test_distillation_from_another_jobs_checkpoint_survives_two_preemptions(
