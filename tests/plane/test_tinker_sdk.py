@@ -40,6 +40,17 @@ def _service(sdk_http: PlaneHttp, account: SdkAccount, job_id: str) -> tinker.Se
     )
 
 
+def _running_trainer(sdk_http: PlaneHttp, prefix: str) -> tuple[SdkAccount, str]:
+    """A new tinker-keyed account and a RUNNING LoRA trainer of it, its route warmed up (the
+    SDK takes any 404 as final)."""
+    account = sdk_http.new_account("tinker")
+    job_id = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    sdk_http.create_job(account, job_id, lora_rank=4)
+    sdk_http.wait_state(account, job_id, "JOB_STATE_RUNNING")
+    sdk_http.warm(account, sdk_http.trainer_base_url(account, job_id))
+    return account, job_id
+
+
 def test_tinker_sdk_end_to_end(sdk_http: PlaneHttp) -> None:
     account = sdk_http.new_account("tinker")
     assert account.api_key.startswith("tml-")  # the SDK refuses anything else client-side
@@ -188,11 +199,7 @@ def test_stable_reinforce_trains_against_the_recorded_samples(sdk_http: PlaneHtt
     remembered by sequence_id, and a training datum whose spans name them trains against the
     log-probabilities the sampler really had — not the ones the client sent (zeros here).
     A claim the record contradicts (another sequence's tokens) is refused."""
-    account = sdk_http.new_account("tinker")
-    job_id = f"stable-{uuid.uuid4().hex[:8]}"
-    sdk_http.create_job(account, job_id, lora_rank=4)
-    sdk_http.wait_state(account, job_id, "JOB_STATE_RUNNING")
-    sdk_http.warm(account, sdk_http.trainer_base_url(account, job_id))
+    account, job_id = _running_trainer(sdk_http, "stable")
     service = _service(sdk_http, account, job_id)
     try:
         training = service.create_lora_training_client(base_model=BASE_MODEL, rank=4).result(
@@ -280,11 +287,7 @@ def test_a_weights_only_load_starts_a_new_run_whose_names_are_its_own(
     paths name their own weights. A resume with optimizer state continues its predecessor's
     lineage: re-saving the name at the same step and weights is idempotent, at other weights
     it is refused, as before."""
-    account = sdk_http.new_account("tinker")
-    job_id = f"runs-{uuid.uuid4().hex[:8]}"
-    sdk_http.create_job(account, job_id, lora_rank=4)
-    sdk_http.wait_state(account, job_id, "JOB_STATE_RUNNING")
-    sdk_http.warm(account, sdk_http.trainer_base_url(account, job_id))
+    account, job_id = _running_trainer(sdk_http, "runs")
     data = byte_datums(types, CORPUS)
     other_data = byte_datums(types, ["world world\n", "there there\n"])
 
@@ -372,11 +375,7 @@ def test_topk_prompt_logprobs_and_soft_target_cross_entropy(sdk_http: PlaneHttp)
     """What self-distillation recipes send (tinker-cookbook's sdft, off-policy distillation):
     a teacher's top-k prompt logprobs from a sampler, then cross_entropy on [T, K] targets and
     weights — through the unmodified SDK (sample results and forward_backward in protobuf)."""
-    account = sdk_http.new_account("tinker")
-    job_id = f"topk-{uuid.uuid4().hex[:8]}"
-    sdk_http.create_job(account, job_id, lora_rank=4)
-    sdk_http.wait_state(account, job_id, "JOB_STATE_RUNNING")
-    sdk_http.warm(account, sdk_http.trainer_base_url(account, job_id))
+    account, job_id = _running_trainer(sdk_http, "topk")
     service = _service(sdk_http, account, job_id)
     try:
         training = service.create_lora_training_client(base_model=BASE_MODEL, rank=4).result(
