@@ -54,6 +54,7 @@ from shepherd.models import (
 from workflows import policies
 
 if TYPE_CHECKING:  # the proxy (and its web server) loads in the worker that runs a program
+    from shepherd.platform import PlatformClient
     from shepherd.proxy import ProgramProxy, ProxyEvent, ProxySettings
 
 #: Lines of the program's stderr kept for the error of a failed program.
@@ -72,7 +73,7 @@ class _Run:
     proxy: ProgramProxy
     events: asyncio.Queue[Any]
     #: The job's platform (the proxy's control plane): what a lost trainer's state is.
-    platform: Any = None
+    platform: PlatformClient
     step: int = 0
     last_loss: float | None = None
     losses: list[tuple[int, float]] = field(default_factory=list)
@@ -184,12 +185,13 @@ class ProgramActivities:
         from shepherd.proxy import ProgramProxy
 
         events: asyncio.Queue[Any] = asyncio.Queue()
+        platform = self.clients.client(inp.backend)
         proxy = ProgramProxy(
-            self.clients.client(inp.backend),
+            platform,
             _proxy_settings(inp, program, directory),
             on_event=events.put,
         )
-        run = _Run(proxy=proxy, events=events, platform=self.clients.client(inp.backend))
+        run = _Run(proxy=proxy, events=events, platform=platform)
         progress: dict[str, Any] = {}
         # Everything, the proxy's start and close included, runs under the heartbeat: code
         # after the program's exit that outlived the heartbeat timeout would have the

@@ -98,9 +98,7 @@ class ProgramProxy:
         self._core.detach("closed")
         await self._server.stop()
         await self._core.cancel_tasks()
-        # Events already emitted are delivered before the end.
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._events.join(), 5.0)
+        await self.drain_events()  # events already emitted are delivered before the end
         for task in self._background:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
