@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import os
 import re
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from shepherd.cli.common import EXIT_FAILED, EXIT_INVALID, dev_stack_info, fail, run, shepherd
+from shepherd.cli.terminal_text import readable
 from shepherd.states import JobState
 
 if TYPE_CHECKING:
@@ -76,14 +78,19 @@ class LogLine:
             again = f", run {self.run}" if self.run and self.run > 1 else ""
             tag = f"[trainer g{self.generation if self.generation is not None else '?'}{again}]"
         stamp = self.time.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-        return f"{stamp} {tag} {self.text}"
+        return f"{stamp} {tag} {readable(self.text)}"
 
     def as_json(self) -> str:
+        """``text`` as :meth:`human` shows it; ``raw``, where that differs, as it was written
+        (a program's colours and progress-bar redraws, escaped for JSON)."""
+        shown = readable(self.text)
         data: dict[str, Any] = {
             "time": self.time.astimezone(UTC).isoformat(),
             "source": self.source,
-            "text": self.text,
+            "text": shown,
         }
+        if shown != self.text:
+            data["raw"] = self.text
         if self.source == "trainer":
             data.update(
                 trainer_job_id=self.trainer_job_id, generation=self.generation, run=self.run
@@ -600,6 +607,11 @@ def platform_for(backend: str) -> tuple[PlatformClient | None, str]:
 class Printer:
     def __init__(self, as_json: bool) -> None:
         self.as_json = as_json
+        # A program's U+FFFD (bytes it wrote that were not UTF-8), a trainer's non-ASCII: an
+        # output that cannot encode them (a file on Windows, PYTHONIOENCODING=ascii) gets
+        # them as \ufffd, instead of the command dying on the line.
+        if isinstance(sys.stdout, io.TextIOWrapper):
+            sys.stdout.reconfigure(errors="backslashreplace")
 
     def lines(self, lines: list[LogLine]) -> None:
         out = [line.as_json() if self.as_json else line.human() for line in lines]

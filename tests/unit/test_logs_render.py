@@ -1,15 +1,24 @@
 """How ``shepherd logs`` words a job's history and a trainer's lines (no server: a recorded
-history of a preempted and recovered job, and trainer lines as localplane writes them)."""
+history of a preempted and recovered job, and trainer lines as localplane writes them), and a
+program's own output as it wrote it for a terminal (colours, cursor moves, progress bars, bytes
+that were not UTF-8, control characters)."""
 
 from __future__ import annotations
 
+import io
 import json
+import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
+from rich.console import Console
 from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from shepherd.cli.logs import Lifecycle, trainer_text
+from shepherd import programs
+from shepherd.cli.logs import Lifecycle, LogLine, Printer, ProgramLogs, trainer_text
+from shepherd.cli.terminal_text import readable
 
 PREEMPTED = (
     Path(__file__).parent.parent
@@ -76,3 +85,108 @@ def test_a_wait_the_platforms_event_answered_is_not_called_cancelled() -> None:
     # A wait a cancel stopped is still a cancel.
     cancelled = _lines("test-cancel-while-scheduling-0.json")
     assert any(text.startswith("wait for RUNNING: cancelled after") for text in cancelled)
+
+
+# ---------------------------------------------------------------------------- program output
+
+
+def test_colours_and_hyperlinks_are_gone_the_text_stays() -> None:
+    assert readable("\x1b[1;32mready\x1b[0m to \x1b[38;2;255;0;0mtrain\x1b[39m") == "ready to train"
+    assert readable("\x1b[38;5;208mwarm\x1b[m") == "warm"  # 256 colours; SGR's short reset
+    # What rich writes to a terminal: bold red, an OSC 8 hyperlink, an emoji.
+    console = Console(file=io.StringIO(), force_terminal=True, color_system="truecolor")
+    console.print("[bold red]loss[/] [link=https://x.y]spike[/link] :warning:", end="")
+    written = console.file.getvalue()  # type: ignore[attr-defined]
+    assert "\x1b[" in written and "\x1b]8;" in written
+    assert readable(written) == "loss spike \u26a0"
+    # A window title (OSC ended by BEL), a charset switch, a saved and restored cursor.
+    assert readable("\x1b]0;epoch 3\x07\x1b(Bsaved\x1b7 here\x1b8") == "saved here"
+
+
+def test_cursor_moves_and_erases_are_gone() -> None:
+    # A multi-bar redraw: up one line, erase it, hide the cursor; what is written stays.
+    assert readable("\x1b[1A\x1b[2K\x1b[?25lvalidation 3/10\x1b[?25h") == "validation 3/10"
+    # Back to column 1 and erase, as spinners redraw: the last state, not the states run on.
+    spinner = "\x1b[2K\x1b[1Gdownloading 10%\x1b[2K\x1b[1Gdownloading 90%\x1b[K"
+    assert readable(spinner) == "downloading 90%"
+    assert readable("\x1b[Gfirst\x1b[Gsecond") == "second"
+
+
+def test_a_progress_bar_redrawn_with_carriage_returns_shows_its_final_state() -> None:
+    tqdm = pytest.importorskip("tqdm")
+    out = io.StringIO()
+    for _ in tqdm.tqdm(range(4), file=out, ncols=60, mininterval=0, desc="train"):
+        pass
+    # One line (str.splitlines would split at \r too): every state, each after a \r.
+    (bar,) = out.getvalue().rstrip("\n").split("\n")
+    assert bar.count("\r") >= 5
+    shown = readable(bar)
+    assert shown.startswith("train: 100%|") and "4/4" in shown and "\r" not in shown
+    # leave=False clears the bar at the end: its last state says more than a blank line.
+    out = io.StringIO()
+    for _ in tqdm.tqdm(range(3), file=out, ncols=60, mininterval=0, leave=False):
+        pass
+    assert readable(out.getvalue().rstrip("\n")).startswith("100%|")
+    # A Windows line end is no redraw; a line of only redraws to blank is blank.
+    assert readable("done\r") == "done"
+    assert readable("\r   \r") == ""
+
+
+def test_undecodable_bytes_and_control_characters_are_shown_not_acted_on() -> None:
+    # As the worker writes a line the program wrote: bytes that are not UTF-8 become U+FFFD.
+    line = b"caf\xe9 \xff\xfe ok".decode("utf-8", "replace")
+    assert readable(line) == "caf\ufffd \ufffd\ufffd ok"
+    assert readable("bell\x07 back\x08 nul\x00 del\x7f nel\x85 ff\x0c") == (
+        r"bell\x07 back\x08 nul\x00 del\x7f nel\x85 ff\x0c"
+    )
+    # A lone ESC does not eat the word after it; a bidi override cannot reverse the line.
+    assert readable("esc\x1b word") == r"esc\x1b word"
+    assert readable("total \u202e0001$") == r"total \u202e0001$"
+    assert readable("a\u2028b") == r"a\u2028b"
+    # Tabs stay, and a trainer's traceback keeps its lines, each cleaned.
+    assert readable("step\t1") == "step\t1"
+    assert readable("Traceback:\n  \x1b[31mValueError\x1b[0m") == "Traceback:\n  ValueError"
+    # Plain text, and text in other scripts, is left exactly as it is.
+    for plain in ("loss 0.1234", "Schritt 3 \u00fcber \u65e5\u672c", "\U0001f468\u200d\U0001f469"):
+        assert readable(plain) == plain
+
+
+def test_a_programs_log_reads_clean_in_text_and_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(programs.DIR_ENV_VAR, str(tmp_path))
+    written = [
+        ("stdout", b"\x1b[32mready\x1b[0m"),
+        ("stderr", b"\r 50%|#####     | 2/4\r100%|##########| 4/4"),
+        ("stdout", b"caf\xe9\x07"),
+    ]
+    log = programs.log_dir("job-1") / programs.OUTPUT_FILE
+    log.parent.mkdir(parents=True)
+    with log.open("w", encoding="utf-8") as sink:  # as the worker writes it (its _pump)
+        for stream, raw in written:
+            text = raw.decode("utf-8", "replace")
+            stamp = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC).isoformat(timespec="milliseconds")
+            sink.write(json.dumps({"t": stamp, "stream": stream, "line": text}) + "\n")
+    lines = ProgramLogs("job-1").new_lines()
+    assert [line.human().split(" ", 1)[1] for line in lines] == [
+        "[program] ready",
+        "[program] 100%|##########| 4/4",
+        "[program] caf\ufffd\\x07",
+    ]
+    # JSON: the text as shown, and the line as the program wrote it.
+    records = [json.loads(line.as_json()) for line in lines]
+    assert [r["text"] for r in records] == ["ready", "100%|##########| 4/4", "caf\ufffd\\x07"]
+    assert [r["raw"] for r in records] == [raw.decode("utf-8", "replace") for _, raw in written]
+    assert records[0]["fields"] == {"stream": "stdout"}
+    plain = LogLine(datetime.now(UTC), "program", "step 3")
+    assert "raw" not in json.loads(plain.as_json())  # nothing to clean: no second copy
+
+
+def test_a_terminal_that_cannot_encode_the_text_gets_it_escaped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    out = io.TextIOWrapper(io.BytesIO(), encoding="ascii")
+    monkeypatch.setattr(sys, "stdout", out)
+    Printer(as_json=False).lines([LogLine(datetime.now(UTC), "program", "caf\ufffd \u00e9t\u00e9")])
+    out.seek(0)
+    assert out.read().endswith(r"[program] caf\ufffd \xe9t\xe9" + "\n")
