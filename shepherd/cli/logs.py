@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from shepherd.cli.common import EXIT_FAILED, EXIT_INVALID, dev_stack_info, fail, run, shepherd
+from shepherd.cli.program_signals import ProgramSignals
 from shepherd.cli.terminal_text import readable
 from shepherd.states import JobState
 
@@ -165,6 +166,7 @@ class Lifecycle:
         #: Each trainer's state by the last platform event; whether a cancel was asked.
         self._event_states: dict[str, str] = {}
         self._cancel_requested = False
+        self._program_signals = ProgramSignals()
 
     def _values(self, payloads: Any) -> list[Any]:
         try:
@@ -261,6 +263,10 @@ class Lifecycle:
                 self._event_states[trainer] = state
             message = f": {arg['message']}" if arg.get("message") else ""
             return f"platform: trainer {trainer} {_short_state(state)}{message}"
+        if a.signal_name == "program_started":
+            return self._program_signals.started(arg)
+        if a.signal_name == "program_progress":
+            return self._program_signals.progress(arg)
         detail = ", ".join(f"{k} {v}" for k, v in arg.items() if v not in (None, "", {}, []))
         return f"signal {a.signal_name}{f' ({detail})' if detail else ''}"
 

@@ -1,7 +1,7 @@
 """How ``shepherd logs`` words a job's history and a trainer's lines (no server: a recorded
-history of a preempted and recovered job, and trainer lines as localplane writes them), and a
-program's own output as it wrote it for a terminal (colours, cursor moves, progress bars, bytes
-that were not UTF-8, control characters)."""
+history of a preempted and recovered job, and trainer lines as localplane writes them), a
+program's signals, and a program's own output as it wrote it for a terminal (colours, cursor
+moves, progress bars, bytes that were not UTF-8, control characters)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import json
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rich.console import Console
@@ -18,6 +19,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 
 from shepherd import programs
 from shepherd.cli.logs import Lifecycle, LogLine, Printer, ProgramLogs, trainer_text
+from shepherd.cli.program_signals import ProgramSignals
 from shepherd.cli.terminal_text import readable
 
 PREEMPTED = (
@@ -190,3 +192,87 @@ def test_a_terminal_that_cannot_encode_the_text_gets_it_escaped(
     Printer(as_json=False).lines([LogLine(datetime.now(UTC), "program", "caf\ufffd \u00e9t\u00e9")])
     out.seek(0)
     assert out.read().endswith(r"[program] caf\ufffd \xe9t\xe9" + "\n")
+
+
+# ---------------------------------------------------------------------------- program signals
+
+
+def test_a_programs_signals_read_as_what_happened() -> None:
+    lines = _lines("test-a-program-on-a-dead-worker-starts-again-and-resumes-1.json")
+    said = [text for text in lines if text.startswith("program ")]
+    assert said[:2] == [
+        "program started, 16 steps, on crash-2d948a95-programs-1662de54b01a",
+        "program progress: step 1, loss 271.1663",
+    ]
+    assert (
+        "program progress: step 4, loss 267.7812 -> 243.6266 (steps 2-4); "
+        "checkpoint step-00000004 saved"
+    ) in said
+    # The worker died; the program's second attempt runs on another worker.
+    assert "program started (attempt 2), 16 steps, on crash-2d948a95-programs-bff7a08ceb06" in said
+    assert not any("signal program_" in text or "{" in text for text in lines)
+
+    # A trainer lost under the program: the report says so and where the job restores from.
+    lines = _lines("test-cookbook-math-rl-unmodified-survives-two-preemptions-0.json")
+    (lost, *_) = [text for text in lines if "trainer lost" in text]
+    assert lost.startswith("program progress: step 2, loss 0.0000; trainer lost: asample: ")
+    assert lost.endswith("; restore point step-00000002")
+
+
+def test_a_progress_report_shows_its_restore_point_only_when_it_says_something() -> None:
+    signals = ProgramSignals()
+    ckpt = "accounts/a/rlorTrainerJobs/j-g0/checkpoints/step-00000040"
+    saved = {"step": 40, "checkpoints": [{"name": ckpt, "step": 40}], "restore_point": ckpt}
+    assert signals.progress(saved) == "program progress: step 40; checkpoint step-00000040 saved"
+    # Each later report repeats it: no news.
+    again = {"step": 45, "last_loss": 0.1, "restore_point": ckpt}
+    assert signals.progress(again) == "program progress: step 45, loss 0.1000"
+    # It moved without a checkpoint in the same report (an older one kept after pruning).
+    older = ckpt.replace("40", "30")
+    assert signals.progress({"step": 46, "restore_point": older}) == (
+        "program progress: step 46; restore point step-00000030"
+    )
+
+
+def test_a_program_a_later_run_took_over_reads_as_not_restarted() -> None:
+    signals = ProgramSignals()
+    restarted = {"control_queue": "q2", "attempt": 1, "generation": 2, "total_steps": 300}
+    assert signals.started(restarted) == "program started (start 2), 300 steps, on q2"
+    adopted = {**restarted, "adopted": True, "attached": "job-x-g1", "generation": 1}
+    assert signals.started(adopted) == (
+        "program adopted by this run (still running), 300 steps, on q2, attached to job-x-g1"
+    )
+    assert signals.started({**adopted, "attached": None, "attempt": 3}).endswith(
+        "(still running, attempt 3), 300 steps, on q2, no trainer attached"
+    )
+
+
+def test_program_signals_never_fail_on_fields_they_do_not_know() -> None:
+    signals = ProgramSignals()
+    # Fields to come (metrics, the model) are shown compactly; empty ones not at all.
+    assert signals.progress(
+        {"step": 3, "last_loss": 1e-05, "metrics": {"acc": 0.91234567, "n": 8}, "note": None}
+    ) == ("program progress: step 3, loss 1e-05; metrics acc=0.912346 n=8")
+    assert signals.started(
+        {"control_queue": "q", "attempt": 1, "total_steps": None, "model": "Qwen/Qwen3-8B"}
+    ) == ("program started, on q, model Qwen/Qwen3-8B")
+    # A flag: set, its name; not set, nothing.
+    flags = {"step": 2, "resumed": True, "partial": False}
+    assert signals.progress(flags) == "program progress: step 2; resumed"
+    # A long value is cut; every shape a field could take still makes a line.
+    long = signals.progress({"step": 1, "history": list(range(100))})
+    assert long.endswith("...") and len(long) < 150
+    odd: list[dict[str, Any]] = [
+        {},
+        {"step": None, "last_loss": "nan?", "losses": [[1], "x", [2, None]], "checkpoints": {}},
+        {"step": "7", "checkpoints": ["weird", {"step": 7}, {"name": ""}, 3], "losses": None},
+        {"trainer_lost": {"reason": "gone"}, "restore_point": 5},
+        {"last_loss": float("nan"), "losses": [[1, float("inf")], [2, -0.5]]},
+    ]
+    for payload in odd:
+        assert signals.progress(payload).startswith("program progress: step ")
+        assert signals.started(payload).startswith("program started")
+    assert signals.started({"attempt": "two"}) == "program started (attempt two)"
+    assert signals.progress(odd[2]) == (
+        "program progress: step 7; checkpoints weird, at step 7, name=, 3 saved"
+    )
