@@ -119,10 +119,11 @@ class ProgramSignals:
         step-00000040 saved`` and, after a trainer loss, what the job restores from."""
         step = payload.get("step")
         head = [f"step {'?' if step is None else _compact(step)}"]
+        reported = payload.get("losses")
         losses = [
             pair
-            for pair in payload.get("losses") or []
-            if isinstance(pair, list | tuple) and len(pair) == 2
+            for pair in (reported if isinstance(reported, list) else [])
+            if isinstance(pair, list) and len(pair) == 2
         ]
         last = payload.get("last_loss")
         if last is None and losses:

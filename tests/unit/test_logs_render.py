@@ -267,6 +267,7 @@ def test_program_signals_never_fail_on_fields_they_do_not_know() -> None:
         {"step": None, "last_loss": "nan?", "losses": [[1], "x", [2, None]], "checkpoints": {}},
         {"step": "7", "checkpoints": ["weird", {"step": 7}, {"name": ""}, 3], "losses": None},
         {"trainer_lost": {"reason": "gone"}, "restore_point": 5},
+        {"losses": 5, "checkpoints": "step-1", "attempt": [], "total_steps": {"of": 3}},
         {"last_loss": float("nan"), "losses": [[1, float("inf")], [2, -0.5]]},
     ]
     for payload in odd:
