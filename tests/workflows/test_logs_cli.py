@@ -1,7 +1,8 @@
 """``shepherd logs JOB [--follow]`` as a user runs it: the lifecycle (from the workflow's
 history) and the trainers' output (from the plane) in one stream, in time order; following a
-job across a pause into its next trainer until it ends; Ctrl-C; and no trainer log (but a
-reason) when this shell cannot reach the platform."""
+job across a pause into its next trainer until it ends; Ctrl-C; no trainer log (but a
+reason) when this shell cannot reach the platform; and a program job's terminal output and
+reports as text."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import pytest
 from shepherd.models import JobStatus, PauseRequest, PauseResult, ResumeRequest
 from shepherd.phases import Phase
 from tests.helpers import run_cli
+from tests.plane import cookbook_support as cb
 from tests.workflows.conftest import KEY_ENV, Stack
 
 
@@ -148,3 +150,66 @@ async def test_follow_goes_on_into_the_next_trainer_until_the_job_ends(
     assert "[trainer g1] trainer.ready" in out.decode()  # the resumed job's new trainer
     assert "[shepherd] job completed" in lines[-1]
     assert (await stack.status(handle)).phase is Phase.COMPLETED
+
+
+@pytest.fixture
+def noisy_program(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The worker (in this process) knows tests/workflows/noisy_program.py as ``noisy`` and
+    keeps program log directories under the test's temp dir, where ``shepherd logs`` (a
+    subprocess with this environment) reads them."""
+    program = {"module": "tests.workflows.noisy_program", "total_steps_arg": "steps"}
+    monkeypatch.setenv("SHEPHERD_PROGRAMS", json.dumps({"noisy": program}))
+    monkeypatch.setenv("SHEPHERD_PROGRAM_DIR", str(tmp_path / "programs"))
+    for key, value in cb.offline_env(cb.hf_home(tmp_path)).items():
+        monkeypatch.setenv(key, value)
+
+
+async def test_a_programs_terminal_output_and_reports_read_as_text(
+    stack: Stack, profile: None, noisy_program: None
+) -> None:
+    spec = stack.spec(
+        "noisy",
+        trainer={"base_model": "accounts/fireworks/models/qwen3-8b", "lora_rank": 4},
+        training={"total_steps": None, "program": "noisy", "args": {"steps": 4}},
+        checkpoint={"every_steps": 4, "keep_last": 2},
+        output={"promote": "none"},
+    )
+    handle = await stack.start(spec)
+    assert (await handle.result()).phase is Phase.COMPLETED
+
+    done = await run_cli("logs", handle.id, stack=stack)
+    assert done.returncode == 0, done.stderr
+    program = [
+        line.split(" [program] ", 1)[1]
+        for line in done.stdout.splitlines()
+        if " [program] " in line
+    ]
+    # (Its stdout and stderr are read apart: their lines may come in either order.)
+    assert {
+        "ready to train",
+        "100%|########| 4/4",  # the bar's last state, not its five
+        "caf\ufffd \ufffd\\x07 done",  # bytes that were not UTF-8; the bell shown, not rung
+        "warning: in colour",
+    } <= set(program), done.stdout
+    assert not any(c in done.stdout for c in "\x1b\r\x07"), done.stdout
+    # Shepherd's own reports on the program read as sentences, not as their payloads.
+    assert "[shepherd] program started, 4 steps, on " in done.stdout
+    assert any(
+        "[shepherd] program progress: step 4, loss " in line
+        and line.endswith("; checkpoint step-00000004 saved")
+        for line in done.stdout.splitlines()
+    ), done.stdout
+    assert "signal program_" not in done.stdout
+
+    # Following a job that has ended tells the same story.
+    followed = await run_cli("logs", handle.id, "--follow", stack=stack)
+    assert followed.returncode == 0 and followed.stdout == done.stdout, followed.stderr
+
+    # JSON: each line as shown, and as the program wrote it.
+    records = [
+        json.loads(line)
+        for line in (await run_cli("logs", handle.id, "--json", stack=stack)).stdout.splitlines()
+    ]
+    ready = next(r for r in records if r["source"] == "program")
+    assert ready["text"] == "ready to train" and ready["fields"] == {"stream": "stdout"}
+    assert ready["raw"] == "\x1b[1;32mready\x1b[0m to \x1b[38;5;208mtrain\x1b[0m"
