@@ -1,45 +1,40 @@
-"""Programs: an unmodified Tinker program runs inside one long activity, behind the job's
-data-plane proxy (shepherd/proxy), while the workflow keeps owning the trainer.
+"""Programs: an unmodified Tinker program runs behind the job's data-plane proxy
+(shepherd/proxy), while the workflow keeps owning the trainer.
 
-``run_program`` starts the proxy, tells the workflow where this run can be reached (the
-worker's own *control queue*: a task queue only this worker process polls), starts the
-program as a subprocess (its own process group, killed with the worker) whose
-``TINKER_BASE_URL``/``TINKER_API_KEY`` are the proxy's, forwards what the proxy reports
-(steps, losses, checkpoints, a trainer it saw die) to the workflow as signals, heartbeats,
-and ends with the program: exit 0 completes the job's training, another exit status fails
-the job with the tail of the program's stderr. A cancel stops the program (SIGTERM to its
-process group, SIGKILL after ``policies.PROGRAM_STOP_GRACE``).
+``run_program`` starts the program on this worker — its proxy, its subprocess, the reports
+to the workflow (activities/program_run.py: a :class:`~activities.program_run.ProgramRun`,
+which lives in the worker, not in the activity) — and *holds* it until it ends: exit 0
+completes the job's training, another exit status fails the job with the tail of the
+program's stderr. When the job's workflow continues-as-new, the next run's ``run_program``
+(``adopt``, on this worker's hold queue) takes the running program over; the program never
+notices. A holder cancelled by its workflow stops the program (SIGTERM to its process group,
+SIGKILL after ``policies.PROGRAM_STOP_GRACE``); so does one whose workflow is closed for
+good (terminated from outside), within the heartbeat timeout.
 
-The workflow steers the proxy through the control activities, on that control queue:
-``program_attach`` (a trainer is ready: serve from it, restoring the program's model after a
-death or a pause), ``program_detach`` (the trainer is gone: hold the program's requests),
-``program_checkpoint`` (a pause: checkpoint now, then hold).
+The workflow steers the proxy through the control activities, on the worker's control
+queue: ``program_attach`` (a trainer is ready: serve from it, restoring the program's model
+after a death or a pause), ``program_detach`` (the trainer is gone: hold the program's
+requests), ``program_checkpoint`` (a pause: checkpoint now, then hold).
 
-A worker's death kills the program with it (``PR_SET_PDEATHSIG``); the heartbeat timeout then
-retries the activity on another worker, which starts the program again in the same durable
+A worker's death kills the program with it (``PR_SET_PDEATHSIG``); the heartbeat timeout
+tells the workflow, which starts the program again on another worker in the same durable
 log directory: a program that resumes from its own checkpoints goes on from there.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
-import contextlib
-import json
 import os
-import signal
-import sys
-import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from temporalio import activity
+from temporalio.client import WorkflowExecutionStatus
 from temporalio.exceptions import ApplicationError
 
 from activities.base import ClientProvider, keepalive, log, lost, snapshot
+from activities.program_run import ProgramRun, read_exit
 from shepherd import programs
 from shepherd.models import (
     CheckpointRecord,
@@ -48,58 +43,17 @@ from shepherd.models import (
     ProgramControlInput,
     ProgramProgress,
     ProgramResult,
-    ProgramStarted,
     RunProgramInput,
 )
 from workflows import policies
 
 if TYPE_CHECKING:  # the proxy (and its web server) loads in the worker that runs a program
-    from shepherd.platform import PlatformClient
-    from shepherd.proxy import ProgramProxy, ProxyEvent, ProxySettings
-
-#: Lines of the program's stderr kept for the error of a failed program.
-STDERR_TAIL = 40
+    from shepherd.proxy import ProxySettings
 
 
 class Backends(ClientProvider, Protocol):
     @property
     def profiles(self) -> Mapping[str, Any]: ...
-
-
-@dataclass
-class _Run:
-    """One program run on this worker: its proxy, and what the workflow has yet to be told."""
-
-    proxy: ProgramProxy
-    events: asyncio.Queue[Any]
-    #: The job's platform (the proxy's control plane): what a lost trainer's state is.
-    platform: PlatformClient
-    step: int = 0
-    last_loss: float | None = None
-    losses: list[tuple[int, float]] = field(default_factory=list)
-    checkpoints: list[CheckpointRecord] = field(default_factory=list)
-    trainer_lost: str | None = None
-    dirty: bool = False
-
-
-#: Tells the reporter to flush and end (put on the run's event queue).
-_STOP = object()
-
-
-def _read_exit(directory: Path) -> dict[str, Any] | None:
-    """What an earlier attempt wrote when the program exited 0 (None: it never did)."""
-    try:
-        data = json.loads((directory / programs.EXIT_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) and data.get("code") == 0 else None
-
-
-def _write_exit(directory: Path, data: dict[str, Any]) -> None:
-    path = directory / programs.EXIT_FILE
-    staging = path.with_suffix(".tmp")
-    staging.write_text(json.dumps(data))
-    staging.replace(path)  # atomic: a reader sees the old record or the new one
 
 
 async def _exited_before(
@@ -122,29 +76,19 @@ async def _exited_before(
     return ProgramResult(exit_code=0, step=step)
 
 
-def _die_with_worker() -> None:
-    """In the child, before exec: SIGKILL when the worker process dies (Linux), so a
-    crashed worker never leaves a program training on behind it."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 class ProgramActivities:
     def __init__(self, clients: Backends, control_queue: str) -> None:
         self.clients = clients
         #: The task queue only this worker process polls (workers/main.py).
         self.control_queue = control_queue
-        self._runs: dict[str, _Run] = {}
+        #: The programs this worker runs, by their job's workflow id (held or not).
+        self._runs: dict[str, ProgramRun] = {}
 
     # ------------------------------------------------------------------ the run
 
-    def _environment(self, proxy: ProgramProxy, program: programs.Program) -> dict[str, str]:
-        """The worker's environment without any platform key (or Temporal credential),
-        with the proxy as the program's Tinker endpoint."""
+    def _environment(self, program: programs.Program) -> dict[str, str]:
+        """The worker's environment without any platform key (or Temporal credential);
+        the proxy's endpoint is added by the run."""
         secret = {"TEMPORAL_API_KEY", "TEMPORAL_TLS_KEY", "SHEPHERD_PLANE_ADMIN_KEY"}
         for profile in self.clients.profiles.values():
             name = getattr(profile, "api_key_env", None)
@@ -152,19 +96,36 @@ class ProgramActivities:
                 secret.add(name)
         env = {k: v for k, v in os.environ.items() if k not in secret}
         env.update(program.env)
-        env.update(
-            {
-                "TINKER_BASE_URL": proxy.url,
-                "TINKER_API_KEY": proxy.api_key,
-                "PYTHONUNBUFFERED": "1",
-            }
-        )
         return env
 
     @activity.defn(name="run_program")
     async def run_program(self, inp: RunProgramInput) -> ProgramResult:
+        """Start the program (or adopt the one this worker runs for the job) and hold it
+        until it ends."""
         info = activity.info()
         workflow_id = info.workflow_id or ""
+        run = self._runs.get(workflow_id)
+        if run is None and inp.adopt:
+            # The program died with this worker's process, or ended and was forgotten: the
+            # workflow starts it again (or reads its exit record) on any worker.
+            raise ApplicationError(
+                f"the program of {workflow_id} no longer runs on this worker",
+                type=policies.PROGRAM_GONE,
+                non_retryable=True,
+            )
+        if run is None:
+            started = await self._start(inp, workflow_id)
+            if isinstance(started, ProgramResult):
+                return started
+            run = started
+        else:
+            # A later run of the workflow (continue-as-new), or a start that landed here:
+            # the program goes on as it is, and the workflow learns what it serves from.
+            log(program=inp.program).info("program.adopted", generation=run.generation)
+            await run.announce(info.attempt, adopted=True)
+        return await self._hold(run, info)
+
+    async def _start(self, inp: RunProgramInput, workflow_id: str) -> ProgramRun | ProgramResult:
         try:
             program = programs.resolve(inp.program)
             program.check_args(inp.args)
@@ -177,210 +138,109 @@ class ProgramActivities:
             log(program=inp.program).info("program.seeded", from_job=inp.seed_from)
         directory.mkdir(parents=True, exist_ok=True)
         handle = activity.client().get_workflow_handle(workflow_id)
-        exited = _read_exit(directory)
+        exited = read_exit(directory)
         if exited is not None:
             # An earlier attempt saw the program exit 0 and its worker died after: the
             # program is done, and is never started again.
             return await _exited_before(handle, inp.program, directory, exited)
         from shepherd.proxy import ProgramProxy
 
-        events: asyncio.Queue[Any] = asyncio.Queue()
+        run: ProgramRun
         platform = self.clients.client(inp.backend)
         proxy = ProgramProxy(
             platform,
             _proxy_settings(inp, program, directory),
-            on_event=events.put,
+            on_event=lambda event: run.events.put(event),
         )
-        run = _Run(proxy=proxy, events=events, platform=platform)
-        progress: dict[str, Any] = {}
+        run = ProgramRun(
+            workflow_id=workflow_id,
+            name=inp.program,
+            program=program,
+            args=dict(inp.args),
+            directory=directory,
+            proxy=proxy,
+            platform=platform,
+            handle=handle,
+            environment=self._environment(program),
+            generation=inp.generation,
+            control_queue=self.control_queue,
+        )
+        self._runs[workflow_id] = run
+        run.start(activity.info().attempt)
+        return run
+
+    async def _hold(self, run: ProgramRun, info: activity.Info) -> ProgramResult:
+        """Wait for the program's end under this activity's heartbeat (which carries its
+        progress); let go, stop it, or leave it to the next run, as the cancel says."""
+        task = run.task
+        if task is None:  # (started just above: never)
+            raise ApplicationError("the program run never started", type=policies.PROGRAM_GONE)
+        me = object()
+        run.holder = me
         # Everything, the proxy's start and close included, runs under the heartbeat: code
         # after the program's exit that outlived the heartbeat timeout would have the
         # attempt timed out and the program started again.
-        async with keepalive(progress, policies.KEEPALIVE):
-            await run.proxy.start()
-            self._runs[workflow_id] = run
+        async with keepalive(run.beat, policies.KEEPALIVE):
             try:
-                return await self._drive(handle, inp, program, directory, run, progress)
-            finally:
-                self._runs.pop(workflow_id, None)
-                await run.proxy.close()
-
-    async def _drive(
-        self,
-        handle: Any,
-        inp: RunProgramInput,
-        program: programs.Program,
-        directory: Path,
-        run: _Run,
-        progress: dict[str, Any],
-    ) -> ProgramResult:
-        """Start the program, forward what its proxy reports, and end with it."""
-        from shepherd.proxy import ProxyError
-
-        logger = log(program=inp.program)
-        await handle.signal(
-            "program_started",
-            ProgramStarted(
-                control_queue=self.control_queue,
-                attempt=activity.info().attempt,
-                total_steps=program.total_steps(inp.args),
-            ),
-        )
-        argv = program.command(sys.executable, inp.args, directory)
-        logger.info("program.starting", argv=argv[1:], log_dir=str(directory))
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=self._environment(run.proxy, program),
-            # Relative paths in its arguments mean what they mean to the worker.
-            cwd=os.getcwd(),
-            start_new_session=True,
-            preexec_fn=_die_with_worker,
-        )
-        progress["program_pid"] = proc.pid
-        tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL)
-        output = directory / programs.OUTPUT_FILE
-        pumps = [
-            asyncio.ensure_future(_pump(proc.stdout, "stdout", output, None)),
-            asyncio.ensure_future(_pump(proc.stderr, "stderr", output, tail)),
-        ]
-        reporter = asyncio.ensure_future(self._report(handle, run))
-        warned: float | None = None
-        try:
-            try:
-                while proc.returncode is None:
-                    progress.update(step=run.step, loss=run.last_loss)
-                    warned = _warn_if_idle(run.proxy, output, logger, warned)
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(1.0):
-                            await proc.wait()
+                return await asyncio.shield(task)
             except asyncio.CancelledError:
-                await _stop(proc, policies.PROGRAM_STOP_GRACE.total_seconds())
-                logger.info("program.stopped", reason="cancelled")
-                raise
-            finally:
-                if proc.returncode is None:  # an error above: never leave it running
-                    await _stop(proc, policies.PROGRAM_STOP_GRACE.total_seconds())
-                await asyncio.gather(*pumps, return_exceptions=True)
-            code = proc.returncode
-            logger.info("program.exited", code=code)
-            if code != 0:
-                # The job's status shows what the program got done before it failed.
-                await self._last_report(handle, run, reporter)
-                said = "\n".join(tail) or "(nothing on stderr)"
+                if not task.cancelled() or run.holder is not me:
+                    await self._let_go(run, me, info)
+                    raise
+                # The run was stopped under this holder (the worker shuts down, say).
                 raise ApplicationError(
-                    f"program {inp.program!r} exited with status {code}; its stderr ends:\n{said}"[
-                        -4000:
-                    ],
-                    type=policies.PROGRAM_FAILED,
-                    non_retryable=True,
-                )
-            _write_exit(directory, {"code": 0, "step": run.step})
-            # The weights the program ended with, as a Shepherd checkpoint: what promotion
-            # takes (the last checkpoint taken on the way may be steps behind).
-            try:
-                final = await run.proxy.final_checkpoint()
-            except ProxyError as exc:
-                await self._last_report(handle, run, reporter)
-                raise ApplicationError(
-                    f"program {inp.program!r} exited 0, but Shepherd could not checkpoint the "
-                    f"weights it ended with: {exc}",
-                    type=policies.PROGRAM_FAILED,
+                    f"the program was stopped: {run.stopped or 'cancelled'}",
+                    type=policies.PROGRAM_GONE,
                     non_retryable=True,
                 ) from None
-            if final is not None:
-                run.checkpoints.append(final)
-                run.dirty = True
-            _write_exit(
-                directory,
-                {
-                    "code": 0,
-                    "step": run.step,
-                    "checkpoint": final.model_dump(mode="json") if final else None,
-                },
-            )
-            await self._last_report(handle, run, reporter)
-            return ProgramResult(exit_code=code, step=run.step)
-        finally:
-            if not reporter.done():  # an error path: the reporter ends with the attempt
-                reporter.cancel()
-                await asyncio.gather(reporter, return_exceptions=True)
+            finally:
+                if task.done():
+                    self._forget(run, later=not task.cancelled())
 
-    async def _report(self, handle: Any, run: _Run) -> None:
-        """Forward the proxy's events to the workflow: checkpoints and a lost trainer at
-        once, steps and losses at most every ``PROGRAM_PROGRESS_EVERY`` (each signal is a
-        history event). Ends, after a last flush, when it reads :data:`_STOP`."""
-        every = policies.PROGRAM_PROGRESS_EVERY.total_seconds()
-        last = 0.0
-        while True:
-            event: Any = None
-            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow the
-            # cancellation that meets its inner get() completing, and whoever awaits this
-            # task then waits for ever (the job's heartbeat timed out on every exit).
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(every):
-                    event = await run.events.get()
-            if event is _STOP:
-                await self._flush(handle, run)
+    async def _let_go(self, run: ProgramRun, me: object, info: activity.Info) -> None:
+        """This holder is cancelled: stop the program, or leave it to a later run."""
+        if run.holder is not me:
+            return  # a later run's activity holds it now
+        details = activity.cancellation_details()
+        if details is not None and details.not_found:
+            # Our run is closed. Continued-as-new: the next run adopts the program (it is
+            # stopped if none does). Closed for good (terminated, timed out): stop it.
+            status = await _run_status(info)
+            if status in (WorkflowExecutionStatus.CONTINUED_AS_NEW, None):
+                run.orphan(policies.PROGRAM_ADOPT_GRACE.total_seconds())
                 return
-            if event is not None and self._absorb(run, event):
-                await self._flush(handle, run)
-                last = time.monotonic()
-                continue
-            if run.dirty and time.monotonic() - last >= every:
-                await self._flush(handle, run)
-                last = time.monotonic()
+            reason = f"its workflow run is {status.name}"
+        elif details is not None and details.timed_out:
+            reason = "its activity timed out (another attempt takes over)"
+        elif details is not None and details.worker_shutdown:
+            reason = "the worker is shutting down"
+        else:
+            reason = "cancelled"
+        run.holder = None
+        self._forget(run)
+        await run.stop(reason)
 
-    async def _last_report(self, handle: Any, run: _Run, reporter: asyncio.Future[None]) -> None:
-        """The program ended: what the proxy reported since the last signal reaches the
-        workflow. The reporter is told to stop (never cancelled) and flushes on its way out."""
-        await run.proxy.drain_events()
-        run.events.put_nowait(_STOP)
-        await reporter
+    def _forget(self, run: ProgramRun, *, later: bool = False) -> None:
+        """Drop the run (``later``: after the adopt grace, so that a next run's activity can
+        still collect the result its holder could not deliver)."""
 
-    @staticmethod
-    def _absorb(run: _Run, event: ProxyEvent) -> bool:
-        """Take ``event`` into the run's progress; True if it must reach the workflow now."""
-        if event.kind == "step":
-            run.step = max(run.step, event.step)
-            if event.loss is not None:
-                run.last_loss = event.loss
-                run.losses.append((event.step, event.loss))
-            run.dirty = True
-            return False
-        if event.kind == "checkpoint":
-            run.checkpoints.append(event.record)
-            run.dirty = True
-            return True
-        if event.kind == "trainer_lost":
-            run.trainer_lost = f"{event.reason} (the job is {event.state or 'unknown'})"
-            run.dirty = True
-            return True
-        return False
+        def drop() -> None:
+            if self._runs.get(run.workflow_id) is run:
+                del self._runs[run.workflow_id]
 
-    @staticmethod
-    async def _flush(handle: Any, run: _Run) -> None:
-        if not run.dirty:
-            return
-        sent = ProgramProgress(
-            step=run.step,
-            last_loss=run.last_loss,
-            losses=run.losses,
-            checkpoints=run.checkpoints,
-            trainer_lost=run.trainer_lost,
-            restore_point=run.proxy.restore_point,
-        )
-        run.losses, run.checkpoints, run.trainer_lost, run.dirty = [], [], None, False
-        await handle.signal("program_progress", sent)
+        if later:
+            asyncio.get_running_loop().call_later(
+                policies.PROGRAM_ADOPT_GRACE.total_seconds(), drop
+            )
+        else:
+            drop()
 
     # ------------------------------------------------------------ the controls
 
-    def _run(self) -> _Run:
+    def _run(self) -> ProgramRun:
         workflow_id = activity.info().workflow_id or ""
         run = self._runs.get(workflow_id)
-        if run is None:
+        if run is None or run.task is None or run.task.done():
             # This worker no longer runs the program (it ended, or another attempt runs
             # elsewhere): the workflow waits for the attempt that does.
             raise ApplicationError(
@@ -452,61 +312,13 @@ def _proxy_settings(
     )
 
 
-def _warn_if_idle(
-    proxy: ProgramProxy, output: Path, logger: Any, warned: float | None
-) -> float | None:
-    """Say so (in the program's log, which ``shepherd logs`` shows, and the worker's) when the
-    program has sent its RUNNING trainer nothing for ``PROGRAM_IDLE_WARNING``, and again at
-    each such interval; returns when it last said it."""
-    limit = policies.PROGRAM_IDLE_WARNING.total_seconds()
-    idle = proxy.idle_for()
-    now = time.monotonic()
-    if idle is None or idle < limit:
-        return None if idle is not None and idle < limit else warned
-    if warned is not None and now - warned < limit:
-        return warned
-    text = (
-        f"the program has sent its trainer {proxy.trainer_job_id} nothing for "
-        f"{idle / 60:.0f} min; the trainer is RUNNING (its GPUs are held) — is it waiting on "
-        "something else, or stuck?"
+async def _run_status(info: activity.Info) -> WorkflowExecutionStatus | None:
+    """The status of the workflow run an activity belongs to (None: it could not be read)."""
+    handle = activity.client().get_workflow_handle(
+        info.workflow_id or "", run_id=info.workflow_run_id
     )
-    stamp = datetime.now(UTC).isoformat(timespec="milliseconds")
-    with output.open("a", encoding="utf-8") as sink:
-        sink.write(json.dumps({"t": stamp, "stream": "shepherd", "line": text}) + "\n")
-    logger.warning("program.idle", idle_s=round(idle), trainer_job_id=proxy.trainer_job_id)
-    return now
-
-
-async def _pump(
-    stream: asyncio.StreamReader | None,
-    name: str,
-    output: Path,
-    tail: collections.deque[str] | None,
-) -> None:
-    """The program's output, line by line, into its log file (stamped; ``shepherd logs``
-    shows it tagged [program]); stderr's last lines also into ``tail``."""
-    if stream is None:
-        return
-    with output.open("a", encoding="utf-8") as sink:
-        while line := await stream.readline():
-            text = line.decode("utf-8", "replace").rstrip("\n")
-            if tail is not None:
-                tail.append(text)
-            stamp = datetime.now(UTC).isoformat(timespec="milliseconds")
-            sink.write(json.dumps({"t": stamp, "stream": name, "line": text}) + "\n")
-            sink.flush()
-
-
-async def _stop(proc: asyncio.subprocess.Process, grace_s: float) -> None:
-    """SIGTERM to the program's process group; SIGKILL after ``grace_s``."""
-    if proc.returncode is not None:
-        return
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        try:
-            async with asyncio.timeout(wait):
-                await proc.wait()
-            return
-        except TimeoutError:
-            continue
+    try:
+        async with asyncio.timeout(policies.PROGRAM_ORPHAN_CHECK.total_seconds() * 2):
+            return (await handle.describe()).status
+    except Exception:  # noqa: BLE001 - unknown: the orphan's watch decides
+        return None

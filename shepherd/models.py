@@ -257,6 +257,12 @@ class RunProgramInput(Model):
     #: The job this one retries (its parent): the program's first start copies that job's
     #: log directory (shepherd/programs.py ``seed_log_dir``).
     seed_from: str | None = None
+    #: How many times the workflow has started the program (this start included): its
+    #: ``program_started`` signals say which start they come from.
+    generation: int = 0
+    #: Take over the program this worker already runs for the job (a later run of the
+    #: workflow, after continue-as-new); never start one.
+    adopt: bool = False
 
 
 class ProgramStarted(Model):
@@ -264,8 +270,14 @@ class ProgramStarted(Model):
 
     control_queue: str
     attempt: int
+    #: The workflow's start (``RunProgramInput.generation``) this attempt belongs to.
+    generation: int = 0
     #: The program's total of optimizer steps, when its arguments say (its registration).
     total_steps: int | None = None
+    #: A later run of the workflow took over the running program (nothing restarted).
+    adopted: bool = False
+    #: Adopted: the trainer its proxy serves from now (None: none).
+    attached: str | None = None
 
 
 class ProgramProgress(Model):
@@ -504,6 +516,23 @@ class TrialProgress(Model):
     metric: float
 
 
+class ProgramCarry(Model):
+    """A program job's view of its program, carried across continue-as-new (the program
+    itself runs on, on its worker: activities/program_run.py)."""
+
+    #: The worker's control queue (None: no program runs, or none has said where yet).
+    control_queue: str | None = None
+    #: The workflow's starts of the program so far, and the newest (generation, attempt)
+    #: that said it runs.
+    generation: int = 0
+    started: tuple[int, int] = (0, 0)
+    #: The trainer the program's proxy serves from.
+    attached: str | None = None
+    restore_point: str | None = None
+    #: A checkpoint arrived that pruning has not looked at yet.
+    prune: bool = False
+
+
 class CarriedFlags(Model):
     """The lifecycle's internal state carried across continue-as-new (with the status)."""
 
@@ -519,6 +548,10 @@ class CarriedFlags(Model):
     event_state: str | None = None
     event_id: int = 0
     session: TrainerSession | None = None
+    #: A recovery was bringing the trainer back.
+    recovering: bool = False
+    #: A program job's program (None: a loop's job).
+    program: ProgramCarry | None = None
 
 
 class JobInput(Model):

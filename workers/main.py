@@ -218,6 +218,16 @@ def workers_for(
             graceful_shutdown_timeout=timedelta(seconds=5),
             identity=identity,
         ),
+        # The programs this worker runs, taken over by a later run of their workflow (after
+        # continue-as-new): one slot each for as long as the program runs.
+        Worker(
+            client,
+            task_queue=policies.hold_queue(control_queue),
+            activities=activities,
+            max_concurrent_activities=sizing.activity_slots,
+            graceful_shutdown_timeout=timedelta(seconds=5),
+            identity=identity,
+        ),
     ]
 
 

@@ -34,6 +34,7 @@ with workflow.unsafe.imports_passed_through():
         JobInput,
         JobStatus,
         PlatformJob,
+        ProgramCarry,
         PromoteInput,
         TrainerRef,
         TrainerSession,
@@ -115,10 +116,12 @@ class JobContext:
         self.phase_since = workflow.now()
         self.published_phase: Phase | None = None
         #: What the lifecycle is doing; the public phase differs only while recovering.
-        self.stage: Phase = self.s.phase
+        self.stage: Phase = self.s.stage or self.s.phase
         #: A recovery is bringing the trainer back: its QUEUED/SCHEDULING/PREPARING show as
         #: RECOVERING (with the step in ``status.stage``), since that is what the user waits for.
-        self.recovering = False
+        self.recovering = flags.recovering
+        #: What the work carries across continue-as-new (set by the workflow).
+        self.carry_work: Callable[[], ProgramCarry | None] = lambda: None
         self.queue = self.spec.scheduling.queue
         # spec priority 10 (most urgent) .. 0 -> Temporal priority key 1 .. 5 (lower runs first)
         self.priority = Priority(priority_key=5 - round(self.spec.scheduling.priority * 4 / 10))
@@ -315,19 +318,29 @@ class JobContext:
 
     # ------------------------------------------------------------------ continue-as-new
 
-    async def maybe_continue_as_new(self) -> None:
-        """Start afresh with the state carried over before the history grows large."""
+    def history_long(self) -> bool:
+        """Time to continue-as-new (docs/upgrades.md, "History budget"): the history holds
+        ``policies.max_history_events`` events or ``HISTORY_BYTES_CAP`` bytes, or the server
+        suggests it — unless a pause or a resume waits for its answer (continued once it is
+        handled). Every wait of the lifecycle that may last (a slot, a pause, a program, a
+        chunk) wakes for it, so a job continues before the server's warning whatever phase
+        it is in."""
+        if self.pause_requested or self.resume_requested:
+            return False
         info = workflow.info()
-        if not (
+        return (
             info.is_continue_as_new_suggested()
             or info.get_current_history_length() >= self.spec.policies.max_history_events
-        ):
+            or info.get_current_history_size() >= policies.HISTORY_BYTES_CAP
+        )
+
+    async def maybe_continue_as_new(self) -> None:
+        """Start afresh with the state carried over, when :meth:`history_long`."""
+        if not self.history_long():
             return
-        if self.pause_requested or self.resume_requested:
-            return  # a pause waits for its answer; continue once it is handled
         await workflow.wait_condition(workflow.all_handlers_finished)
         self.s.continued_as_new += 1
-        self.set_phase(self.s.phase)  # close the phase's timing
+        self.set_phase(self.stage)  # close the phase's timing
         workflow.continue_as_new(
             JobInput(
                 spec=self.spec,
@@ -346,6 +359,8 @@ class JobContext:
                     event_state=self.event_state,
                     event_id=self.event_id,
                     session=self.session,
+                    recovering=self.recovering,
+                    program=self.carry_work(),
                 ),
             )
         )

@@ -24,6 +24,9 @@ The contract, in the order the lifecycle calls it:
                evaluation).
 ``stop``     — the job ends without completing: stop the work before its trainer is deleted.
 ``keep``     — checkpoints pruning must keep for the work's sake.
+``carry``    — what the work carries across continue-as-new (None: nothing).
+``reattach`` — the first thing a run continued from another does: take over what the work
+               left running (a program on its worker), without waiting for it.
 
 Deterministic code only.
 """
@@ -33,7 +36,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from shepherd.models import CheckpointRecord
+    from shepherd.models import CheckpointRecord, ProgramCarry
     from workflows.context import JobContext
 
 
@@ -49,3 +52,7 @@ class TrainerWork(Protocol):
     async def stop(self, ctx: JobContext) -> None: ...
 
     def keep(self) -> set[str]: ...
+
+    def carry(self) -> ProgramCarry | None: ...
+
+    def reattach(self, ctx: JobContext) -> None: ...

@@ -61,8 +61,11 @@ class TrainingJobWorkflow:
         self.ctx = JobContext(inp)
         #: What runs while a trainer is held, chosen by the spec.
         self.work: TrainerWork = (
-            ProgramTraining() if inp.spec.training.program is not None else LoopTraining()
+            ProgramTraining(inp.carried_flags.program)
+            if inp.spec.training.program is not None
+            else LoopTraining()
         )
+        self.ctx.carry_work = self.work.carry
 
     @property
     def spec(self) -> JobSpec:
@@ -108,7 +111,9 @@ class TrainingJobWorkflow:
 
     async def _lifecycle(self) -> None:
         ctx, work = self.ctx, self.work
-        if not ctx.carried:
+        if ctx.carried:
+            work.reattach(ctx)  # what ran on its worker when the last run continued-as-new
+        else:
             await admission.admit(ctx)
         lost: Lost | None = None
         while True:
@@ -117,10 +122,12 @@ class TrainingJobWorkflow:
                 if lost is not None:
                     current, lost = lost, None
                     await recovery.recover(ctx, work, current)
-                if ctx.pause_requested:
+                if ctx.pause_requested or ctx.s.phase is Phase.PAUSED:
                     await recovery.pause(ctx, work)
                 if not ctx.trainer_live:
                     await trainer.provision(ctx, work)
+                elif not ctx.serving:
+                    await recovery.come_back(ctx, work)  # (a run continued while it came up)
                 await work.train(ctx)
                 break
             except Lost as exc:

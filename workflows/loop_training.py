@@ -119,6 +119,12 @@ class LoopTraining:
     def keep(self) -> set[str]:
         return set()
 
+    def carry(self) -> None:
+        return None  # the job's state says all a loop needs (its model: ``ctx.session``)
+
+    def reattach(self, ctx: JobContext) -> None:
+        return None  # nothing of a loop's runs beyond its workflow
+
     # ------------------------------------------------------------------ chunks
 
     def _settings(self, ctx: JobContext) -> LoopSettings:

@@ -297,6 +297,44 @@ PROGRAM_IDLE_WARNING = timedelta(minutes=10)
 #: attempt starts on another worker at once; a program that keeps dying with its workers
 #: (it is what kills them, say) fails the job after this many attempts.
 PROGRAM_ATTEMPTS = 5
+#: Losses one ``program_progress`` signal carries at most (they pile up only while signals
+#: fail, a server outage say): the curve keeps the newest, as ``shepherd.curves`` would.
+PROGRAM_SIGNAL_LOSSES = 500
+
+# A program outlives the runs of its job's workflow: each continue-as-new leaves it running
+# on its worker, and the next run's ``run_program`` adopts it there, on the worker's own hold
+# queue (activities/program_run.py).
+
+#: How long a program whose workflow run continued-as-new waits to be adopted before it is
+#: stopped. The next run asks for it at once (adoption takes a second); its request waits at
+#: most ``program_control``'s schedule-to-start (15 s) from the continue-as-new before the
+#: workflow starts the program elsewhere, and the old holder notices the continue-as-new up
+#: to 0.8 heartbeat timeouts after it: 10 s keeps a program that nobody adopts from running
+#: beside its replacement for more than a few seconds at the default heartbeat timeout (4 s).
+PROGRAM_ADOPT_GRACE = timedelta(seconds=10)
+#: A program that ended is remembered this long, so that a next run's activity can collect a
+#: result its holder could not deliver (its run had just continued-as-new). Past it, the
+#: program's exit record answers (a program that exited 0 is never started again).
+PROGRAM_RESULT_KEPT = timedelta(minutes=2)
+#: An orphaned program asks this often whether its workflow still runs: a workflow
+#: terminated meanwhile has it stopped within this (plus ``PROGRAM_STOP_GRACE``).
+PROGRAM_ORPHAN_CHECK = timedelta(seconds=2)
+#: Suffix of a worker's hold queue (its control queue + this): adopted programs' activities
+#: hold a slot there each for as long as the program runs, apart from the short control
+#: activities (attach, detach, checkpoint), which they must never starve.
+HOLD_QUEUE_SUFFIX = "-hold"
+
+
+def hold_queue(control_queue: str) -> str:
+    return f"{control_queue}{HOLD_QUEUE_SUFFIX}"
+
+
+# --------------------------------------------------------------------- history budget
+# Temporal warns at 10,240 events (or 10 MiB) of one run's history and terminates the
+# workflow at 51,200 (50 MiB), with no cleanup. A job continues-as-new before the warning,
+# whatever it is doing (docs/upgrades.md, "History budget"): at ``policies.max_history_events``
+# of the spec (10,000 by default), at the server's own suggestion, or at this many bytes.
+HISTORY_BYTES_CAP = 8 * 1024 * 1024
 
 
 # ------------------------------------------------------------------------ the reaper
@@ -358,6 +396,11 @@ class Policies:
     #: redo up to a checkpoint interval of steps); a worker that does not take it within
     #: the schedule-to-start timeout is gone (its program restarts elsewhere).
     program_control: ActivityPolicy
+    #: A later run of the workflow takes its program over on the worker that runs it (the
+    #: worker's hold queue): a worker that does not take it within the schedule-to-start
+    #: timeout is gone, and so is a program whose worker stops heartbeating; either way the
+    #: workflow starts the program again (``run_program``), once.
+    adopt_program: ActivityPolicy
     #: Budgets enforced by the workflow.
     max_preemptions: int
     max_failures: int
@@ -462,6 +505,12 @@ class Policies:
                     maximum_attempts=PROGRAM_ATTEMPTS,
                     non_retryable_error_types=PERMANENT,
                 ),
+            ),
+            adopt_program=ActivityPolicy(
+                start_to_close=max_runtime or timedelta(days=30),
+                heartbeat=p.heartbeat_timeout,
+                schedule_to_start=timedelta(seconds=15),
+                retry=RetryPolicy(maximum_attempts=1),
             ),
             program_control=ActivityPolicy(
                 start_to_close=p.step_timeout * (checkpoint_every + 2) + timedelta(minutes=2),

@@ -27,7 +27,7 @@ import contextlib
 from typing import Any
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, TimeoutType
 
 with workflow.unsafe.imports_passed_through():
     from activities.programs import ProgramActivities
@@ -37,6 +37,7 @@ with workflow.unsafe.imports_passed_through():
         CheckpointRecord,
         ProgramAttachInput,
         ProgramAttachResult,
+        ProgramCarry,
         ProgramControlInput,
         ProgramProgress,
         ProgramSettings,
@@ -54,29 +55,65 @@ with workflow.unsafe.imports_passed_through():
 class ProgramTraining:
     """TRAINING for a job that names a program (``training.program``)."""
 
-    def __init__(self) -> None:
-        #: The running ``run_program`` activity (None before it starts).
+    def __init__(self, carried: ProgramCarry | None = None) -> None:
+        c = carried or ProgramCarry()
+        #: The activity holding the program (None before it starts, and between starts), and
+        #: whether it adopts one that runs already (a run continued from another).
         self._run: Any = None
-        #: Where the program's current attempt is steered (its worker's control queue).
-        self._queue: str | None = None
-        #: The attempt that control queue belongs to, and the trainer that attempt serves from.
-        self._attempt = 0
-        self._attached: str | None = None
+        self._adopting = False
+        #: The control queue of the worker an adoption was asked of.
+        self._adopted_at: str | None = None
+        #: Where the program is steered (its worker's control queue; None: not known yet).
+        self._queue: str | None = c.control_queue
+        #: The workflow's starts of the program, and the newest (start, attempt) heard of.
+        self._generation = c.generation
+        self._started = c.started
+        #: The trainer the program's proxy serves from.
+        self._attached: str | None = c.attached
         #: The proxy saw the trainer gone (the reason), until a recovery deals with it.
         self._lost: str | None = None
         #: The checkpoint the proxy restores the program's model from after a loss.
-        self._restore_point: str | None = None
+        self._restore_point: str | None = c.restore_point
         #: A checkpoint arrived: older ones beyond ``checkpoint.keep_last`` are pruned.
-        self._prune = False
+        self._prune = c.prune
+
+    def carry(self) -> ProgramCarry:
+        return ProgramCarry(
+            control_queue=self._queue if self._run is not None else None,
+            generation=self._generation,
+            started=self._started,
+            attached=self._attached,
+            restore_point=self._restore_point,
+            prune=self._prune,
+        )
+
+    def reattach(self, ctx: JobContext) -> None:
+        """The program runs on where the last run left it: take it over there (its worker's
+        hold queue). A worker that is gone does not take it; ``train`` then starts it again."""
+        if self._queue is None:
+            return
+        self._adopted_at = self._queue
+        self._run = workflow.start_activity_method(
+            ProgramActivities.run_program,
+            self._input(ctx, adopt=True),
+            **ctx.pol.adopt_program.options(),
+            task_queue=policies.hold_queue(self._queue),
+            priority=ctx.priority,
+            cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+            summary=f"adopt program {ctx.spec.training.program}",
+        )
+        self._adopting = True
 
     # ------------------------------------------------------------------ signals
 
     def started(self, ctx: JobContext, started: ProgramStarted) -> None:
-        if started.attempt < self._attempt:
+        key = (started.generation, started.attempt)
+        if key < self._started:
             return  # an older attempt's word, late
-        self._attempt = started.attempt
+        self._started = key
         self._queue = started.control_queue
-        self._attached = None  # a new proxy: it serves from nothing yet
+        # A new proxy serves from nothing yet; an adopted one says what it serves from.
+        self._attached = started.attached if started.adopted else None
         if started.total_steps and not ctx.spec.training.total_steps:
             ctx.s.total_steps = started.total_steps
 
@@ -134,22 +171,64 @@ class ProgramTraining:
     async def train(self, ctx: JobContext) -> None:
         """Run the program (started once), hand it the trainer, and wait for it to end — or
         for a death, a pause or a cancel, which the lifecycle handles around it while the
-        program's requests wait."""
-        if self._run is None:
-            ctx.stop_if_cancelled()
-            self._run = workflow.start_activity_method(
-                ProgramActivities.run_program,
-                self._input(ctx),
-                **ctx.options(ctx.pol.run_program),
-                # A cancel waits until the program is stopped (SIGTERM, then SIGKILL).
-                cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-                summary=f"run program {ctx.spec.training.program}",
-            )
+        program's requests wait. An adopted program whose worker is gone is started again."""
+        while True:
+            if self._run is None:
+                self._start(ctx)
+            await self._serve(ctx)
+            try:
+                await self._run
+            except ActivityError as err:
+                ctx.stop_if_cancelled()
+                if self._adopting and _gone(err, any_timeout=False):
+                    self._run = None
+                    if self._queue is not None and self._queue != self._adopted_at:
+                        # Another attempt said meanwhile that it runs the program elsewhere
+                        # (its first worker died just before the run ended): take that one.
+                        self.reattach(ctx)
+                        continue
+                    # Its worker died (or forgot it) across the run boundary: start it again,
+                    # in the same log directory (it resumes from its own checkpoints).
+                    ctx.notice(
+                        f"program {ctx.spec.training.program}: its worker is gone "
+                        f"({_said(err)}); starting it again"
+                    )
+                    self._queue, self._attached = None, None
+                    continue
+                root = err.cause
+                if isinstance(root, ApplicationError) and root.type == policies.PROGRAM_FAILED:
+                    raise Terminal(Phase.FAILED, policies.PROGRAM_FAILED, root.message) from None
+                ctx.raise_mapped(err, "ProgramTimeout", f"program {ctx.spec.training.program}")
+            finally:
+                if self._run is not None and self._run.done():
+                    self._run = None
+            break
+        if self._prune:  # the final checkpoint
+            self._prune = False
+            await checkpointing.prune(ctx, self.keep())
+
+    def _start(self, ctx: JobContext) -> None:
+        ctx.stop_if_cancelled()
+        self._generation += 1
+        self._adopting = False
+        self._run = workflow.start_activity_method(
+            ProgramActivities.run_program,
+            self._input(ctx),
+            **ctx.options(ctx.pol.run_program),
+            # A cancel waits until the program is stopped (SIGTERM, then SIGKILL).
+            cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+            summary=f"run program {ctx.spec.training.program}",
+        )
+
+    async def _serve(self, ctx: JobContext) -> None:
+        """Until the program's activity ends: attach each trainer that comes up, prune, and
+        stop for a death (:class:`Lost`), a pause (:class:`PauseNow`), a cancel, or a long
+        history (continue-as-new; the program runs on and the next run adopts it)."""
 
         def died() -> bool:
             return ctx.event_state in DEAD or self._lost is not None
 
-        while True:
+        while not self._run.done():
             if self._wants_trainer(ctx) and ctx.serving and not died():
                 await self._attach(ctx)
                 continue
@@ -167,13 +246,14 @@ class ProgramTraining:
                         or ctx.cancel_seen()
                         or self._prune
                         or (self._wants_trainer(ctx) and ctx.serving)
+                        or self._may_continue(ctx)
                     )
                 )
             )
             await ctx.race(self._run, waiter)
             if self._run.done():
                 waiter.cancel()
-                break
+                return
             ctx.stop_if_cancelled()
             if died():
                 await self._detach_quietly(ctx, "the trainer died")
@@ -186,19 +266,13 @@ class ProgramTraining:
                 raise Lost(policies.TRAINER_LOST, None, f"the program's proxy: {said}")
             if ctx.pause_requested:
                 raise PauseNow()
-        try:
-            await self._run
-            if self._prune:  # the final checkpoint
-                self._prune = False
-                await checkpointing.prune(ctx, self.keep())
-        except ActivityError as err:
-            ctx.stop_if_cancelled()
-            root = err.cause
-            if isinstance(root, ApplicationError) and root.type == policies.PROGRAM_FAILED:
-                raise Terminal(Phase.FAILED, policies.PROGRAM_FAILED, root.message) from None
-            ctx.raise_mapped(err, "ProgramTimeout", f"program {ctx.spec.training.program}")
-        finally:
-            self._run = None
+            if self._may_continue(ctx):
+                await ctx.maybe_continue_as_new()
+
+    def _may_continue(self, ctx: JobContext) -> bool:
+        """Continue-as-new once the history is long — and the program has said where it
+        runs: the next run must find it there, or it would start a second one."""
+        return self._queue is not None and ctx.history_long()
 
     async def checkpoint_for_pause(self, ctx: JobContext) -> CheckpointRecord | None:
         """A checkpoint of the program's model now (None: it has none, or no trainer serves)."""
@@ -241,7 +315,7 @@ class ProgramTraining:
 
     # ------------------------------------------------------------------ the proxy
 
-    def _input(self, ctx: JobContext) -> RunProgramInput:
+    def _input(self, ctx: JobContext, *, adopt: bool = False) -> RunProgramInput:
         spec = ctx.spec
         return RunProgramInput(
             backend=spec.backend,
@@ -256,6 +330,8 @@ class ProgramTraining:
                 route_race_window_s=ctx.pol.route_race_window.total_seconds(),
             ),
             seed_from=ctx.s.parent_workflow_id,
+            generation=self._generation,
+            adopt=adopt,
         )
 
     def _wants_trainer(self, ctx: JobContext) -> bool:
@@ -264,7 +340,7 @@ class ProgramTraining:
     async def _attach(self, ctx: JobContext) -> None:
         """Hand the program's proxy the trainer that serves now."""
         trainer = required(ctx.s.trainer_job_id, "the trainer's id")
-        attempt = self._attempt
+        started = self._started
         try:
             done: ProgramAttachResult = await self._control(
                 ctx,
@@ -273,7 +349,7 @@ class ProgramTraining:
                 f"attach the program to {trainer}",
             )
         except _Gone:
-            if self._attempt == attempt:
+            if self._started == started:
                 self._queue = None  # wait for the attempt that runs it now
             return
         except ActivityError as err:
@@ -300,11 +376,7 @@ class ProgramTraining:
                 fn, arg, **policy.options(), task_queue=self._queue, summary=summary
             )
         except ActivityError as err:
-            root = err.cause
-            gone = isinstance(root, TimeoutError) or (
-                isinstance(root, ApplicationError) and root.type == policies.PROGRAM_GONE
-            )
-            if gone:
+            if _gone(err):
                 raise _Gone() from None
             raise
 
@@ -323,3 +395,20 @@ class ProgramTraining:
 
 class _Gone(Exception):
     """The program's worker does not run it any more."""
+
+
+def _gone(err: ActivityError, *, any_timeout: bool = True) -> bool:
+    """Whether an activity on a program's worker failed because that worker does not run
+    the program (any more): it said so, or did not take the task in time, or stopped
+    heartbeating (``any_timeout``: any timeout counts)."""
+    root = err.cause
+    if isinstance(root, TimeoutError):
+        return any_timeout or root.type in (TimeoutType.SCHEDULE_TO_START, TimeoutType.HEARTBEAT)
+    return isinstance(root, ApplicationError) and root.type == policies.PROGRAM_GONE
+
+
+def _said(err: ActivityError) -> str:
+    root = err.cause
+    if isinstance(root, TimeoutError) and root.type is not None:
+        return f"{root.type.name.lower().replace('_', '-')} timeout"
+    return getattr(root, "message", None) or str(root)

@@ -82,14 +82,13 @@ async def recover(ctx: JobContext, work: TrainerWork, lost: Lost) -> None:
             f"({job.state if job else '?'})",
         )
     _charge(ctx, reason, lost)
-    started = workflow.now()
     record = RecoveryRecord(
         number=len(ctx.s.recoveries) + 1,
         reason=reason,
         platform_state=job.state if job else "",
         message=(job.message if job and job.message else lost.detail)[:500],
         at_step=at_step,
-        started_at=started,
+        started_at=workflow.now(),
     )
     ctx.s.recoveries.append(record)
     ctx.serving = False
@@ -129,10 +128,24 @@ async def recover(ctx: JobContext, work: TrainerWork, lost: Lost) -> None:
             ctx.observe(resumed)
         ctx.set_phase(Phase.QUEUED)  # (only the stage changes: no command)
         await trainer.come_up(ctx, work)
+    _recovered(ctx)
+
+
+async def come_back(ctx: JobContext, work: TrainerWork) -> None:
+    """A run continued from another (continue-as-new) while its trainer was coming up, after
+    its creation or in a recovery: wait on for it."""
+    await trainer.come_up(ctx, work)
+    if ctx.recovering:
+        _recovered(ctx)
+
+
+def _recovered(ctx: JobContext) -> None:
+    """The trainer serves again: the recovery's record is complete."""
     ctx.recovering = False
+    record = ctx.s.recoveries[-1]
     record.resumed_from_step = ctx.s.step
-    record.steps_redone = max(0, at_step - ctx.s.step)
-    record.duration_s = (workflow.now() - started).total_seconds()
+    record.steps_redone = max(0, record.at_step - ctx.s.step)
+    record.duration_s = (workflow.now() - record.started_at).total_seconds()
     ctx.publish()
 
 
@@ -169,19 +182,26 @@ def _charge(ctx: JobContext, reason: str, lost: Lost) -> None:
 
 async def pause(ctx: JobContext, work: TrainerWork) -> None:
     """Checkpoint the work, let the trainer go, wait for a resume (from the checkpoint the
-    resume names, checked first, else the pause's)."""
-    ctx.pauses += 1
-    record = await work.checkpoint_for_pause(ctx)
-    ctx.s.paused_checkpoint = record.name if record else checkpointing.recovery_checkpoint(ctx)
-    if record:
-        ctx.s.step = record.step
-    ctx.to_load = ctx.s.paused_checkpoint
-    await trainer.delete(ctx)  # no GPU is held while paused
-    ctx.pause_requested = False
-    ctx.set_phase(Phase.PAUSED)
+    resume names, checked first, else the pause's). A run continued from a paused one
+    (continue-as-new) is paused already: it only waits."""
+    if ctx.s.phase is not Phase.PAUSED:
+        ctx.pauses += 1
+        record = await work.checkpoint_for_pause(ctx)
+        ctx.s.paused_checkpoint = record.name if record else checkpointing.recovery_checkpoint(ctx)
+        if record:
+            ctx.s.step = record.step
+        ctx.to_load = ctx.s.paused_checkpoint
+        await trainer.delete(ctx)  # no GPU is held while paused
+        ctx.pause_requested = False
+        ctx.set_phase(Phase.PAUSED)
     while True:
-        await workflow.wait_condition(lambda: ctx.resume_requested or ctx.cancel_seen())
+        await workflow.wait_condition(
+            lambda: ctx.resume_requested or ctx.cancel_seen() or ctx.history_long()
+        )
         ctx.stop_if_cancelled()
+        if not ctx.resume_requested:
+            await ctx.maybe_continue_as_new()  # a pause of weeks, answering signals
+            continue
         chosen, ctx.resume_checkpoint = ctx.resume_checkpoint, None
         # A resume by signal has no answer: a bad checkpoint keeps the job PAUSED and says
         # why in its status (the resume update answered already, when it checked).

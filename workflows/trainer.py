@@ -99,14 +99,19 @@ async def await_state(
 ) -> PlatformJob | None:
     """Wait for the trainer to reach ``targets``: a polling activity (retries are the poll
     interval) raced against platform events, whichever knows first. A pause asked for meanwhile
-    (outside a recovery) stops the wait (:class:`PauseNow`); a death is a loss."""
+    (outside a recovery) stops the wait (:class:`PauseNow`); a death is a loss. A long wait (a
+    slot, for days) continues-as-new when the history grows long; the next run waits on
+    (``recovery.come_back``). Not the recovery's own short wait for a resumable state: a run
+    continued there would not know that the trainer still needs resuming."""
     if ctx.event_state in targets:
         return None
+    # The recovery's first wait (RECOVERING) is neither paused nor continued.
+    interruptible = ctx.stage is not Phase.RECOVERING
 
     def event_says() -> bool:
         if ctx.cancel_seen():
             return True
-        if ctx.pause_requested and ctx.stage is not Phase.RECOVERING:
+        if interruptible and (ctx.pause_requested or ctx.history_long()):
             return True
         if ctx.event_state in targets:
             return True
@@ -126,12 +131,14 @@ async def await_state(
             ctx.raise_mapped(err, timeout_type, what)
         ctx.observe(job)
         return job
+    if interruptible and not ctx.cancel_seen():
+        await ctx.maybe_continue_as_new()  # (the poll is left behind with the old run)
     handle.cancel()
     with contextlib.suppress(ActivityError):
         await handle
     # The poll's cancellation is expected; a cancel request meanwhile surfaces as it.
     ctx.stop_if_cancelled()
-    if ctx.pause_requested and ctx.stage is not Phase.RECOVERING:
+    if interruptible and ctx.pause_requested:
         raise PauseNow()
     if ctx.event_state in targets:
         return None

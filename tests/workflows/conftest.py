@@ -188,15 +188,18 @@ async def until_polled(client: Client, task_queue: str, timeout: float = 30.0) -
                 await asyncio.sleep(0.05)
 
 
-@pytest.fixture
-async def stack(
+@contextlib.asynccontextmanager
+async def open_stack(
     client: Client,
     plane: PlaneProcess,
     admin: PlaneAdmin,
     account: Account,
-    request: pytest.FixtureRequest,
+    *,
+    events: bool = True,
+    record_as: str | None = None,
 ) -> AsyncIterator[Stack]:
-    events = "no_events" not in request.keywords
+    """A test's stack on ``client``'s server: its own task queue and worker, the plane as
+    ``account``; every workflow it started is terminated at the end."""
     task_queue = f"tq-{uuid.uuid4().hex}"
     registry = make_registry(plane, account.api_key)
     bridge = EventBridge(client, registry) if events else None
@@ -208,8 +211,8 @@ async def stack(
         try:
             yield st
         finally:
-            if os.environ.get("SHEPHERD_RECORD_HISTORIES"):
-                await _record(st, request.node.name)
+            if os.environ.get("SHEPHERD_RECORD_HISTORIES") and record_as:
+                await _record(st, record_as)
             # Never leave a workflow running into the next test.
             for handle in st.handles:
                 with contextlib.suppress(Exception):
@@ -219,3 +222,22 @@ async def stack(
                 with contextlib.suppress(asyncio.CancelledError):
                     await bridge_task
     await registry.aclose()
+
+
+@pytest.fixture
+async def stack(
+    client: Client,
+    plane: PlaneProcess,
+    admin: PlaneAdmin,
+    account: Account,
+    request: pytest.FixtureRequest,
+) -> AsyncIterator[Stack]:
+    async with open_stack(
+        client,
+        plane,
+        admin,
+        account,
+        events="no_events" not in request.keywords,
+        record_as=request.node.name,
+    ) as st:
+        yield st

@@ -85,8 +85,7 @@ def sft_spec(
             "program": program,
             "args": {"steps": steps, **(args or {})} if program != "idle" else (args or {}),
         },
-        checkpoint={"every_steps": 4, "keep_last": 2},
-        **sections,
+        **{"checkpoint": {"every_steps": 4, "keep_last": 2}, **sections},
     )
 
 

@@ -1,0 +1,449 @@
+"""One program's run on a worker, for as long as the program runs — longer than any one
+activity that holds it.
+
+A program job's workflow continues-as-new when its history grows long (a run of weeks writes
+far more events than Temporal keeps in one history); the ``run_program`` activity of the run
+that ended is abandoned by Temporal, but the program must not notice. So the program, its
+data-plane proxy and what the workflow has yet to be told live here, in the worker process,
+under a :class:`ProgramRun` keyed by the job's workflow id; an activity only *holds* it:
+
+* the first ``run_program`` starts it; the activity of each later run *adopts* it, on this
+  worker's own hold queue (``policies.hold_queue``: only this worker polls it), and the
+  activity it replaces lets go when Temporal tells it that its run is closed;
+* a holder cancelled by its workflow (a cancel, the job's end) stops the program; a holder
+  whose run is closed stops it too, unless the run continued-as-new — then the program is
+  *orphaned* until the next run's activity adopts it, and stopped if none does within
+  ``policies.PROGRAM_ADOPT_GRACE`` or the workflow turns out closed (terminated from the
+  Web UI, say): nothing runs on for a job that is gone.
+
+The program itself is a subprocess in its own process group that dies with the worker
+(``PR_SET_PDEATHSIG``); a worker's death still restarts it elsewhere (from its own
+checkpoints), as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
+
+from shepherd import programs
+from shepherd.models import (
+    CheckpointRecord,
+    ProgramProgress,
+    ProgramResult,
+    ProgramStarted,
+)
+from workflows import policies
+
+if TYPE_CHECKING:  # the proxy (and its web server) loads in the worker that runs a program
+    from shepherd.platform import PlatformClient
+    from shepherd.proxy import ProgramProxy, ProxyEvent
+
+#: Lines of the program's stderr kept for the error of a failed program.
+STDERR_TAIL = 40
+
+#: Tells the reporter to flush and end (put on the run's event queue).
+_STOP = object()
+
+
+def read_exit(directory: Path) -> dict[str, Any] | None:
+    """What an earlier attempt wrote when the program exited 0 (None: it never did)."""
+    try:
+        data = json.loads((directory / programs.EXIT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("code") == 0 else None
+
+
+def _write_exit(directory: Path, data: dict[str, Any]) -> None:
+    path = directory / programs.EXIT_FILE
+    staging = path.with_suffix(".tmp")
+    staging.write_text(json.dumps(data))
+    staging.replace(path)  # atomic: a reader sees the old record or the new one
+
+
+def _die_with_worker() -> None:
+    """In the child, before exec: SIGKILL when the worker process dies (Linux), so a
+    crashed worker never leaves a program training on behind it."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def workflow_gone(exc: BaseException) -> bool:
+    """Whether a client call failed because the workflow (every run of it) is closed."""
+    return isinstance(exc, RPCError) and exc.status == RPCStatusCode.NOT_FOUND
+
+
+class ProgramRun:
+    """A program, its proxy, and what its workflow has yet to be told."""
+
+    def __init__(
+        self,
+        *,
+        workflow_id: str,
+        name: str,
+        program: programs.Program,
+        args: dict[str, Any],
+        directory: Path,
+        proxy: ProgramProxy,
+        platform: PlatformClient,
+        handle: WorkflowHandle[Any, Any],
+        environment: dict[str, str],
+        generation: int,
+        control_queue: str,
+    ) -> None:
+        self.workflow_id = workflow_id
+        self.name = name
+        self.program = program
+        self.args = args
+        self.directory = directory
+        self.proxy = proxy
+        #: The job's platform (the proxy's control plane): what a lost trainer's state is.
+        self.platform = platform
+        #: The job's workflow, whichever run is current (signals reach the current run).
+        self.handle = handle
+        self.generation = generation
+        #: Where the workflow steers this worker's programs (attach, detach, checkpoint).
+        self.control_queue = control_queue
+        self._environment = environment
+        self.events: asyncio.Queue[Any] = asyncio.Queue()
+        self.log = structlog.stdlib.get_logger("shepherd.program").bind(
+            workflow_id=workflow_id, program=name, generation=generation
+        )
+        #: The heartbeat details of whichever activity holds the run (updated in place).
+        self.beat: dict[str, Any] = {}
+        #: The activity holding the run now (a token of its own; None: orphaned).
+        self.holder: object | None = None
+        #: The program's whole life (its result, or the error that fails the job).
+        self.task: asyncio.Task[ProgramResult] | None = None
+        #: Why it was stopped (None: it was not).
+        self.stopped: str | None = None
+        # What the workflow has not been told yet.
+        self.step = 0
+        self.last_loss: float | None = None
+        self.losses: list[tuple[int, float]] = []
+        self.checkpoints: list[CheckpointRecord] = []
+        self.trainer_lost: str | None = None
+        self.dirty = False
+        #: The workflow is closed for good (a signal found no run): nobody is told anything.
+        self.unheard = False
+
+    # ------------------------------------------------------------------ life
+
+    def start(self, attempt: int) -> None:
+        """The program's life, as a task of the worker's (no activity's)."""
+        self.task = asyncio.ensure_future(self._life(attempt))
+        self.task.set_name(f"program {self.workflow_id}")
+
+    def attached(self) -> str | None:
+        """The trainer the proxy serves the program from now (None: none)."""
+        return self.proxy.trainer_job_id
+
+    async def announce(self, attempt: int, *, adopted: bool) -> None:
+        """Tell the workflow where this run is steered, and (adopted) what it serves from."""
+        await self.handle.signal(
+            "program_started",
+            ProgramStarted(
+                control_queue=self.control_queue,
+                attempt=attempt,
+                generation=self.generation,
+                total_steps=self.program.total_steps(self.args),
+                adopted=adopted,
+                attached=self.attached() if adopted else None,
+            ),
+        )
+
+    async def stop(self, reason: str) -> None:
+        """Stop the program (SIGTERM to its group, SIGKILL after the grace) and its proxy."""
+        if self.task is None or self.task.done():
+            return
+        self.stopped = reason
+        self.task.cancel()
+        with contextlib.suppress(BaseException):
+            await asyncio.wait({self.task})
+        self.log.info("program.stopped", reason=reason)
+
+    def orphan(self, stop_after: float) -> None:
+        """No activity holds the run (its workflow continued-as-new): the next run's activity
+        adopts it; if none does within ``stop_after`` seconds, or the workflow is found
+        closed meanwhile, the program is stopped."""
+        self.holder = None
+        self.log.info("program.orphaned", adopt_within_s=stop_after)
+        asyncio.ensure_future(self._watch_orphan(stop_after))
+
+    async def _watch_orphan(self, stop_after: float) -> None:
+        deadline = time.monotonic() + stop_after
+        every = policies.PROGRAM_ORPHAN_CHECK.total_seconds()
+        while self.holder is None and self.task is not None and not self.task.done():
+            if time.monotonic() >= deadline:
+                await self.stop("no run of its workflow adopted it")
+                return
+            try:
+                described = await self.handle.describe()
+                if described.status != WorkflowExecutionStatus.RUNNING:
+                    status = described.status.name if described.status else "closed"
+                    await self.stop(f"its workflow is {status}")
+                    return
+            except RPCError as exc:
+                if workflow_gone(exc):
+                    await self.stop("its workflow is gone")
+                    return
+            await asyncio.sleep(every)
+
+    async def _life(self, attempt: int) -> ProgramResult:
+        try:
+            await self.proxy.start()
+            return await self._drive(attempt)
+        finally:
+            await self.proxy.close()
+
+    async def _drive(self, attempt: int) -> ProgramResult:
+        """Start the program, forward what its proxy reports, and end with it."""
+        from shepherd.proxy import ProxyError
+
+        await self.announce(attempt, adopted=False)
+        argv = self.program.command(sys.executable, self.args, self.directory)
+        self.log.info("program.starting", argv=argv[1:], log_dir=str(self.directory))
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env={**self._environment, **self._proxy_env()},
+            # Relative paths in its arguments mean what they mean to the worker.
+            cwd=os.getcwd(),
+            start_new_session=True,
+            preexec_fn=_die_with_worker,
+        )
+        self.beat["program_pid"] = proc.pid
+        tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL)
+        output = self.directory / programs.OUTPUT_FILE
+        pumps = [
+            asyncio.ensure_future(_pump(proc.stdout, "stdout", output, None)),
+            asyncio.ensure_future(_pump(proc.stderr, "stderr", output, tail)),
+        ]
+        reporter = asyncio.ensure_future(self._report())
+        warned: float | None = None
+        try:
+            try:
+                while proc.returncode is None:
+                    self.beat.update(step=self.step, loss=self.last_loss)
+                    warned = _warn_if_idle(self.proxy, output, self.log, warned)
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(1.0):
+                            await proc.wait()
+            except asyncio.CancelledError:
+                await _stop(proc, policies.PROGRAM_STOP_GRACE.total_seconds())
+                raise
+            finally:
+                if proc.returncode is None:  # an error above: never leave it running
+                    await _stop(proc, policies.PROGRAM_STOP_GRACE.total_seconds())
+                await asyncio.gather(*pumps, return_exceptions=True)
+            code = proc.returncode
+            self.log.info("program.exited", code=code)
+            if code != 0:
+                # The job's status shows what the program got done before it failed.
+                await self._last_report(reporter)
+                said = "\n".join(tail) or "(nothing on stderr)"
+                raise ApplicationError(
+                    f"program {self.name!r} exited with status {code}; its stderr ends:\n{said}"[
+                        -4000:
+                    ],
+                    type=policies.PROGRAM_FAILED,
+                    non_retryable=True,
+                )
+            _write_exit(self.directory, {"code": 0, "step": self.step})
+            # The weights the program ended with, as a Shepherd checkpoint: what promotion
+            # takes (the last checkpoint taken on the way may be steps behind).
+            try:
+                final = await self.proxy.final_checkpoint()
+            except ProxyError as exc:
+                await self._last_report(reporter)
+                raise ApplicationError(
+                    f"program {self.name!r} exited 0, but Shepherd could not checkpoint the "
+                    f"weights it ended with: {exc}",
+                    type=policies.PROGRAM_FAILED,
+                    non_retryable=True,
+                ) from None
+            if final is not None:
+                self.checkpoints.append(final)
+                self.dirty = True
+            _write_exit(
+                self.directory,
+                {
+                    "code": 0,
+                    "step": self.step,
+                    "checkpoint": final.model_dump(mode="json") if final else None,
+                },
+            )
+            await self._last_report(reporter)
+            return ProgramResult(exit_code=code, step=self.step)
+        finally:
+            if not reporter.done():  # an error path: the reporter ends with the run
+                reporter.cancel()
+                await asyncio.gather(reporter, return_exceptions=True)
+
+    def _proxy_env(self) -> dict[str, str]:
+        return {
+            "TINKER_BASE_URL": self.proxy.url,
+            "TINKER_API_KEY": self.proxy.api_key,
+            "PYTHONUNBUFFERED": "1",
+        }
+
+    # ------------------------------------------------------------------ reporting
+
+    async def _report(self) -> None:
+        """Forward the proxy's events to the workflow: checkpoints and a lost trainer at
+        once, steps and losses at most every ``PROGRAM_PROGRESS_EVERY`` (each signal is a
+        history event). Ends, after a last flush, when it reads :data:`_STOP`."""
+        every = policies.PROGRAM_PROGRESS_EVERY.total_seconds()
+        last = 0.0
+        while True:
+            event: Any = None
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow the
+            # cancellation that meets its inner get() completing, and whoever awaits this
+            # task then waits for ever (the job's heartbeat timed out on every exit).
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(every):
+                    event = await self.events.get()
+            if event is _STOP:
+                await self._flush()
+                return
+            if event is not None and self._absorb(event):
+                await self._flush()
+                last = time.monotonic()
+                continue
+            if self.dirty and time.monotonic() - last >= every:
+                await self._flush()
+                last = time.monotonic()
+
+    async def _last_report(self, reporter: asyncio.Future[None]) -> None:
+        """The program ended: what the proxy reported since the last signal reaches the
+        workflow. The reporter is told to stop (never cancelled) and flushes on its way out."""
+        await self.proxy.drain_events()
+        self.events.put_nowait(_STOP)
+        await reporter
+
+    def _absorb(self, event: ProxyEvent) -> bool:
+        """Take ``event`` into the run's progress; True if it must reach the workflow now."""
+        if event.kind == "step":
+            self.step = max(self.step, event.step)
+            if event.loss is not None:
+                self.last_loss = event.loss
+                self.losses.append((event.step, event.loss))
+                # Unsent only while signals fail (a server outage): the curve keeps the last.
+                del self.losses[: -policies.PROGRAM_SIGNAL_LOSSES]
+            self.dirty = True
+            return False
+        if event.kind == "checkpoint":
+            self.checkpoints.append(event.record)
+            self.dirty = True
+            return True
+        if event.kind == "trainer_lost":
+            self.trainer_lost = f"{event.reason} (the job is {event.state or 'unknown'})"
+            self.dirty = True
+            return True
+        return False
+
+    async def _flush(self) -> None:
+        """One ``program_progress`` signal with everything not yet told. What a signal that
+        failed carried is kept and sent with the next one (a server restart, say); a
+        workflow that is closed for good hears nothing more."""
+        if not self.dirty or self.unheard:
+            return
+        sent = ProgramProgress(
+            step=self.step,
+            last_loss=self.last_loss,
+            losses=self.losses,
+            checkpoints=self.checkpoints,
+            trainer_lost=self.trainer_lost,
+            restore_point=self.proxy.restore_point,
+        )
+        try:
+            await self.handle.signal("program_progress", sent)
+        except RPCError as exc:
+            if workflow_gone(exc):
+                self.unheard = True
+                self.log.info("program.workflow_gone", step=self.step)
+            else:
+                self.log.warning("program.signal_failed", error=str(exc)[:300])
+            return
+        self.losses, self.checkpoints, self.trainer_lost, self.dirty = [], [], None, False
+
+
+def _warn_if_idle(
+    proxy: ProgramProxy, output: Path, logger: Any, warned: float | None
+) -> float | None:
+    """Say so (in the program's log, which ``shepherd logs`` shows, and the worker's) when the
+    program has sent its RUNNING trainer nothing for ``PROGRAM_IDLE_WARNING``, and again at
+    each such interval; returns when it last said it."""
+    limit = policies.PROGRAM_IDLE_WARNING.total_seconds()
+    idle = proxy.idle_for()
+    now = time.monotonic()
+    if idle is None or idle < limit:
+        return None if idle is not None and idle < limit else warned
+    if warned is not None and now - warned < limit:
+        return warned
+    text = (
+        f"the program has sent its trainer {proxy.trainer_job_id} nothing for "
+        f"{idle / 60:.0f} min; the trainer is RUNNING (its GPUs are held) — is it waiting on "
+        "something else, or stuck?"
+    )
+    stamp = datetime.now(UTC).isoformat(timespec="milliseconds")
+    with output.open("a", encoding="utf-8") as sink:
+        sink.write(json.dumps({"t": stamp, "stream": "shepherd", "line": text}) + "\n")
+    logger.warning("program.idle", idle_s=round(idle), trainer_job_id=proxy.trainer_job_id)
+    return now
+
+
+async def _pump(
+    stream: asyncio.StreamReader | None,
+    name: str,
+    output: Path,
+    tail: collections.deque[str] | None,
+) -> None:
+    """The program's output, line by line, into its log file (stamped; ``shepherd logs``
+    shows it tagged [program]); stderr's last lines also into ``tail``."""
+    if stream is None:
+        return
+    with output.open("a", encoding="utf-8") as sink:
+        while line := await stream.readline():
+            text = line.decode("utf-8", "replace").rstrip("\n")
+            if tail is not None:
+                tail.append(text)
+            stamp = datetime.now(UTC).isoformat(timespec="milliseconds")
+            sink.write(json.dumps({"t": stamp, "stream": name, "line": text}) + "\n")
+            sink.flush()
+
+
+async def _stop(proc: asyncio.subprocess.Process, grace_s: float) -> None:
+    """SIGTERM to the program's process group; SIGKILL after ``grace_s``."""
+    if proc.returncode is not None:
+        return
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            async with asyncio.timeout(wait):
+                await proc.wait()
+            return
+        except TimeoutError:
+            continue
