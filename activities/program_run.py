@@ -31,6 +31,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,6 +48,7 @@ from shepherd.models import (
     ProgramResult,
     ProgramStarted,
 )
+from shepherd.terminal_text import readable
 from workflows import policies
 
 if TYPE_CHECKING:  # the proxy (and its web server) loads in the worker that runs a program
@@ -358,7 +360,9 @@ class ProgramRun:
             self.dirty = True
             return True
         if event.kind == "trainer_lost":
-            self.trainer_lost = f"{event.reason} (the job is {event.state or 'unknown'})"
+            state = event.state or "unknown"
+            said = "" if state in event.reason else f" (the job is {state})"
+            self.trainer_lost = f"{event.reason}{said}"
             self.dirty = True
             return True
         return False
@@ -425,13 +429,29 @@ async def _pump(
     if stream is None:
         return
     with output.open("a", encoding="utf-8") as sink:
-        while line := await stream.readline():
+        async for line in _lines(stream):
             text = line.decode("utf-8", "replace").rstrip("\n")
             if tail is not None:
-                tail.append(text)
+                tail.append(readable(text))  # the error message of a failed program
             stamp = datetime.now(UTC).isoformat(timespec="milliseconds")
             sink.write(json.dumps({"t": stamp, "stream": name, "line": text}) + "\n")
             sink.flush()
+
+
+async def _lines(stream: asyncio.StreamReader) -> AsyncIterator[bytes]:
+    """The stream's lines. A line longer than the reader's limit (64 KiB: a progress bar
+    redrawn with ``\r`` for a minute, which never writes a newline) comes in pieces of its
+    own: ``readline`` would raise, the pump would die, and the program would block for ever
+    on a full pipe."""
+    while True:
+        try:
+            yield await stream.readuntil(b"\n")
+        except asyncio.IncompleteReadError as end:  # the end: the last line, if any
+            if end.partial:
+                yield end.partial
+            return
+        except asyncio.LimitOverrunError as over:
+            yield await stream.readexactly(over.consumed)
 
 
 async def _stop(proc: asyncio.subprocess.Process, grace_s: float) -> None:

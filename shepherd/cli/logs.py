@@ -30,8 +30,8 @@ import typer
 
 from shepherd.cli.common import EXIT_FAILED, EXIT_INVALID, dev_stack_info, fail, run, shepherd
 from shepherd.cli.program_signals import ProgramSignals
-from shepherd.cli.terminal_text import readable
 from shepherd.states import JobState
+from shepherd.terminal_text import readable
 
 if TYPE_CHECKING:
     from temporalio.api.history.v1 import HistoryEvent

@@ -20,7 +20,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from shepherd import programs
 from shepherd.cli.logs import Lifecycle, LogLine, Printer, ProgramLogs, trainer_text
 from shepherd.cli.program_signals import ProgramSignals
-from shepherd.cli.terminal_text import readable
+from shepherd.terminal_text import readable
 
 PREEMPTED = (
     Path(__file__).parent.parent
