@@ -358,8 +358,9 @@ def list_query(
     phase: Phase | str | None = None,
     name: str | None = None,
 ) -> str:
-    """A visibility query over Shepherd's search attributes (also usable in the Web UI)."""
-    clauses = ['WorkflowType = "TrainingJob"']
+    """A visibility query over Shepherd's search attributes (also usable in the Web UI). A
+    job is listed once, as its latest run: the runs it continued-as-new from are not jobs."""
+    clauses = ['WorkflowType = "TrainingJob"', 'ExecutionStatus != "ContinuedAsNew"']
     for key, value in sorted((labels or {}).items()):
         if not isinstance(key, str) or not isinstance(value, str):
             raise input_error("labels", "keys and values must be strings", "argument")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import uuid
@@ -29,6 +30,7 @@ from shepherd.models import JobInput, JobStatus
 from shepherd.preflight import pollers
 from shepherd.spec import JobSpec, validate_spec
 from tests.helpers import Account
+from tests.plane import cookbook_support as cb
 from tests.replay import replay_since
 from workers.config import BackendProfile, BackendRegistry
 from workers.devstack import free_port
@@ -241,3 +243,37 @@ async def stack(
         record_as=request.node.name,
     ) as st:
         yield st
+
+
+#: The plain tinker-SDK example script, which program-job tests run as ``tinker-sft``.
+EXAMPLE_PROGRAM = Path(__file__).resolve().parents[2] / "examples" / "programs" / "tinker_sft.py"
+
+
+@pytest.fixture
+async def programs_env(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, faults: PlaneAdmin
+) -> AsyncIterator[Path]:
+    """The worker (in this process) knows the example script as a program, keeps program
+    log directories under the test's temp dir, and runs programs offline; trainers speak
+    JSON only."""
+    monkeypatch.setenv(
+        "SHEPHERD_PROGRAMS",
+        json.dumps(
+            {
+                "tinker-sft": {
+                    "script": str(EXAMPLE_PROGRAM),
+                    "total_steps_arg": "steps",
+                    "log_dir_arg": "log_dir",
+                },
+                # The fireworks-ai fork's client, and a program that trains nothing.
+                "fork-loop": {"module": "tests.workflows.fork_program", "total_steps_arg": "steps"},
+                "idle": {"module": "tests.workflows.idle_program"},
+            }
+        ),
+    )
+    directory = tmp_path / "programs"
+    monkeypatch.setenv("SHEPHERD_PROGRAM_DIR", str(directory))
+    for key, value in cb.offline_env(cb.hf_home(tmp_path)).items():
+        monkeypatch.setenv(key, value)
+    await faults.set_faults(trainerProtobuf=False)
+    yield directory

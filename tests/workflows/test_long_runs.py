@@ -12,10 +12,14 @@ something fills their history meanwhile.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import signal
+import subprocess
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +31,13 @@ from temporalio.testing import WorkflowEnvironment
 
 from localplane.admin import PlaneAdmin
 from localplane.process import PlaneProcess
-from shepherd import binaries
+from shepherd import binaries, reaper
 from shepherd import search_attributes as sa
 from shepherd.models import JobStatus, PauseRequest, PauseResult, ResumeRequest
 from shepherd.phases import Phase
+from shepherd.reaper import ReaperInput, ReaperReport
 from shepherd.states import JobState
-from tests.helpers import Account, wait_state
+from tests.helpers import Account, run_cli, wait_state
 from tests.replay import replay_since
 from tests.workflows.conftest import Stack, open_stack
 from tests.workflows.test_programs import (
@@ -40,13 +45,13 @@ from tests.workflows.test_programs import (
     per_step,
     printed,
     program_pid,
-    programs_env,  # noqa: F401 - the fixture
     promoted_digest,
     running_program_worker,
     sft_spec,
 )
 from tests.workflows.test_worker_crash import worker_process
 from workers.main import WORKFLOWS
+from workflows import policies
 
 #: The scaled-down limits: warn, terminate, and where the jobs continue-as-new.
 WARN, ERROR, CONTINUE_AT = 250, 400, 200
@@ -278,3 +283,86 @@ async def test_a_job_waiting_for_a_slot_or_a_resume_continues_as_new_when_its_hi
     assert final.phase is Phase.COMPLETED and final.step == 60 and final.generation == 1
     await assert_bounded(stack.client, handle.id, at_least=3)
     assert any("ignored" in n for n in final.notices)
+
+
+def gone_within(pid: int, seconds: float) -> bool:
+    """Whether process ``pid`` ended within ``seconds`` (a deadline, polled)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not alive(pid):
+            return True
+        time.sleep(0.1)
+    return not alive(pid)
+
+
+@pytest.mark.parametrize("how", ["terminate", "history-limit"])
+async def test_a_program_job_terminated_from_outside_leaves_nothing_running(
+    long_stack: Stack, programs_env: Path, how: str
+) -> None:
+    """Terminated after a run boundary (``temporal workflow terminate``, as the Web UI does),
+    or by the server's own history limit (a job that never continues-as-new: its
+    ``max_history_events`` above the server's limit): no code of the workflow runs after
+    it. Its program is stopped within the heartbeat timeout and the stop grace; the reaper
+    deletes its trainer; ``status`` and ``list`` say what happened."""
+    stack = long_stack
+    cap = CONTINUE_AT if how == "terminate" else 50_000
+    handle = await stack.start(
+        sft_spec(
+            stack,
+            f"cut-{how}",
+            steps=2000,
+            checkpoint={"every_steps": 2, "keep_last": 2},
+            policies={"max_history_events": cap, "heartbeat_timeout": "3s"},
+        )
+    )
+    pid = await program_pid(handle)
+    if how == "terminate":
+        await at_boundary(stack, handle, 2, lambda s: s.phase is Phase.TRAINING)
+        pid = await program_pid(handle)  # the same program, adopted
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [
+                binaries.temporal(),
+                "workflow",
+                "terminate",
+                "--address",
+                stack.client.service_client.config.target_host,
+                "--workflow-id",
+                handle.id,
+                "--reason",
+                "an operator's terminate",
+            ],
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stderr
+    async with asyncio.timeout(300):
+        while (await handle.describe()).status is WorkflowExecutionStatus.RUNNING:
+            await asyncio.sleep(0.2)
+    assert (await handle.describe()).status is WorkflowExecutionStatus.TERMINATED
+    # The bound: the holder hears of it at its next heartbeat (0.8 of the timeout), then
+    # SIGTERM, SIGKILL after the grace; a second for the margin of this poll.
+    bound = 3 + policies.PROGRAM_STOP_GRACE.total_seconds() + 2
+    assert await asyncio.to_thread(gone_within, pid, bound), f"program {pid} still runs"
+
+    status = await stack.status(handle)
+    trainer = status.trainer_job_id or ""
+    assert (await stack.account.client.get_job(trainer)).state is JobState.RUNNING
+    report: ReaperReport = await stack.client.execute_workflow(
+        reaper.WORKFLOW_TYPE,
+        ReaperInput(grace=timedelta(0)),
+        id=f"reaper-{handle.id}",
+        task_queue=stack.task_queue,
+        result_type=ReaperReport,
+    )
+    assert [t.trainer_job_id for t in report.deleted] == [trainer], report
+    await wait_state(stack.account.client, trainer, JobState.DELETED)
+
+    shown = await run_cli("status", handle.id, "--json", stack=stack)
+    assert shown.returncode != 0 or shown.stdout, shown.stderr
+    said = json.loads(shown.stdout)
+    assert said["phase"] == "TERMINATED", said
+    assert "reaper" in said["cleanup"] and trainer in said["cleanup"], said
+    listed = await run_cli("list", "--json", stack=stack)
+    rows = [row for row in json.loads(listed.stdout) if row["workflow_id"] == handle.id]
+    assert [row["phase"] for row in rows] == ["TERMINATED"], rows  # once, as it ended

@@ -13,7 +13,6 @@ import contextlib
 import json
 import signal
 import uuid
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -37,36 +36,6 @@ from tests.workflows.conftest import Stack
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "programs" / "tinker_sft.py"
 BASE = "accounts/fireworks/models/qwen3-8b"
-
-
-@pytest.fixture
-async def programs_env(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, faults: PlaneAdmin
-) -> AsyncIterator[Path]:
-    """The worker (in this process) knows the example script as a program, keeps program
-    log directories under the test's temp dir, and runs programs offline; trainers speak
-    JSON only."""
-    monkeypatch.setenv(
-        "SHEPHERD_PROGRAMS",
-        json.dumps(
-            {
-                "tinker-sft": {
-                    "script": str(SCRIPT),
-                    "total_steps_arg": "steps",
-                    "log_dir_arg": "log_dir",
-                },
-                # The fireworks-ai fork's client, and a program that trains nothing.
-                "fork-loop": {"module": "tests.workflows.fork_program", "total_steps_arg": "steps"},
-                "idle": {"module": "tests.workflows.idle_program"},
-            }
-        ),
-    )
-    directory = tmp_path / "programs"
-    monkeypatch.setenv("SHEPHERD_PROGRAM_DIR", str(directory))
-    for key, value in cb.offline_env(cb.hf_home(tmp_path)).items():
-        monkeypatch.setenv(key, value)
-    await faults.set_faults(trainerProtobuf=False)
-    yield directory
 
 
 def sft_spec(
