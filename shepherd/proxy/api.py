@@ -193,7 +193,9 @@ class ProgramApi:
                 model.closed = True
         for sid in [s for s, x in self.core.samplers.items() if x.session is session]:
             del self.core.samplers[sid]
-        if any(m.session is session and self.core.keeps(m) for m in self.core.models.values()):
+        if any(
+            m.session is session and self.core.is_followed(m) for m in self.core.models.values()
+        ):
             # The SDK finishes its session on its way out, before the job's final checkpoint:
             # the trainer keeps the job's model (it is deleted with the trainer) so that the
             # weights the program ended with are the ones Shepherd saves and promotes.
@@ -312,7 +314,7 @@ class ProgramApi:
         model = self._model(c.body.get("model_id"))
         model.closed = True
         up = self.core.up
-        keep = self.core.keeps(model)  # the job's model: kept for its final checkpoint
+        keep = self.core.is_followed(model)  # the job's model: kept for its final checkpoint
         if not keep and up is not None and model.gen == self.core.gen and model.trainer_id:
             with contextlib.suppress(PlatformError, Detached, TrainerGone):
                 await up.call("POST", "unload_model", {"model_id": model.trainer_id})

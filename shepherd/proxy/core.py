@@ -165,19 +165,23 @@ class Core:
     def is_shepherd_name(self, name: str) -> bool:
         return bool(self._shepherd_names.match(name))
 
-    def primary(self) -> Model | None:
-        return next((m for m in self.models.values() if m.index == 0), None)
-
-    @staticmethod
-    def keeps(model: Model) -> bool:
-        """Whether the proxy keeps ``model`` on the trainer after the program closed it: the
-        job's model (the first one), whose final weights Shepherd checkpoints and promotes
-        when the program ends — SDKs finish their session on the way out, before that."""
+    def is_followed(self, model: Model) -> bool:
+        """Whether ``model`` is the one the job follows — the *job's model*: its optimizer
+        steps are the job's steps (step events, losses, digests), its Shepherd checkpoints
+        raise checkpoint events and are the ones a restore reports, pause and finish take and
+        Shepherd promotes, and the proxy keeps it on the trainer after the program closed it
+        (SDKs finish their session on the way out, before the final checkpoint). Every such
+        decision asks here. Today: the first model the program created."""
         return model.index == 0
 
+    def followed(self) -> Model | None:
+        """The job's model (see :meth:`is_followed`); None while the program has made none."""
+        return next((m for m in self.models.values() if self.is_followed(m)), None)
+
     def live_model(self, model: Model) -> bool:
-        """Whether ``model`` is made again on a new trainer."""
-        return not model.closed or self.keeps(model)
+        """Whether ``model`` is made again on a new trainer: an open one, or the job's model
+        (kept for its final checkpoint)."""
+        return not model.closed or self.is_followed(model)
 
     def live(self, up: Upstream) -> bool:
         return up is self.up and not up.closed
@@ -397,14 +401,14 @@ class Core:
             return
         result.models_restored += 1
         digests: list[bool] = []
-        if ckpt is not None and model.index == 0:
+        if ckpt is not None and self.is_followed(model):
             result.restored_from = ckpt.record
             result.checkpoint_digest = info.get("weights_digest")
             digests += self._digest_matches(ckpt.step, result.checkpoint_digest)
         redo_started = time.monotonic()
         await self.redo(model, up, result)
         result.redo_seconds += time.monotonic() - redo_started
-        if model.index == 0:
+        if self.is_followed(model):
             after = await self.model_info(model, up)
             result.weights_digest = after.get("weights_digest")
             digests += self._digest_matches(job_step(model), result.weights_digest)
@@ -713,7 +717,7 @@ class Core:
             if not op.done or not all(fb.done for fb in op.fbs):
                 return
             model.step_queue.pop(0)
-            if op.error is not None or op.step_after is None or model.index != 0:
+            if op.error is not None or op.step_after is None or not self.is_followed(model):
                 continue
             losses = [x for x in (_loss(fb) for fb in op.fbs) if x is not None]
             loss = sum(losses) / len(losses) if losses else None
@@ -749,7 +753,7 @@ class Core:
             and self._digests
             and up is not None
             and model is not None
-            and model.index == 0
+            and self.is_followed(model)
             and op.gen == self.gen
         ):
             self._want_digest(model, up)
@@ -866,7 +870,7 @@ class Core:
                 self._emitted.add(ckpt.name)
                 ckpt.record = ckpt.record.model_copy(update={"saved_at": None})
                 log.info("proxy.checkpoint_saved", name=ckpt.record.name, step=ckpt.step)
-                if model.index == 0:
+                if self.is_followed(model):
                     self.progress.checkpoints.append(ckpt.record)
                     del self.progress.checkpoints[:-PROGRESS_HISTORY]
                     self._emit(CheckpointEvent(record=ckpt.record))

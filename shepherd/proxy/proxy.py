@@ -73,8 +73,8 @@ class ProgramProxy:
     @property
     def restore_point(self) -> str | None:
         """The checkpoint the job's model would be restored from now (its full name)."""
-        primary = self._core.primary()
-        checkpoint = primary.checkpoint if primary is not None else None
+        followed = self._core.followed()
+        checkpoint = followed.checkpoint if followed is not None else None
         return checkpoint.record.name if checkpoint is not None else None
 
     @property
@@ -173,10 +173,10 @@ class ProgramProxy:
         the program has no model yet. Raises :class:`ProxyError` if the trainer is lost."""
         core = self._core
         up = core.up
-        primary = core.primary()
-        if up is None or primary is None:
+        followed = core.followed()
+        if up is None or followed is None:
             core.detach("checkpoint for a pause")
-            return primary.checkpoint.record if primary and primary.checkpoint else None
+            return followed.checkpoint.record if followed and followed.checkpoint else None
         models = [m for m in core.models.values() if core.live_model(m) and m.broken is None]
         try:
             async with contextlib.AsyncExitStack() as stack:
@@ -190,7 +190,7 @@ class ProgramProxy:
             raise ProxyError(f"the trainer was lost before the checkpoint: {exc}") from None
         except Detached:
             raise ProxyError("detached before the checkpoint was taken") from None
-        checkpoint = primary.checkpoint
+        checkpoint = followed.checkpoint
         return checkpoint.record if checkpoint is not None else None
 
     async def final_checkpoint(self) -> CheckpointRecord | None:
@@ -202,24 +202,24 @@ class ProgramProxy:
         program made no model. Raises :class:`ProxyError` when the model cannot be saved
         (it was broken): promoting an older checkpoint would name the wrong weights."""
         core = self._core
-        primary = core.primary()
-        if primary is None:
+        followed = core.followed()
+        if followed is None:
             return None
         while True:
-            if primary.broken is not None:
-                raise ProxyError(f"the job's model cannot be checkpointed: {primary.broken}")
+            if followed.broken is not None:
+                raise ProxyError(f"the job's model cannot be checkpointed: {followed.broken}")
             up = await core.wait_serving(float("inf"))
             if up is None:  # (an infinite wait ends with a trainer)
                 continue
             try:
-                async with primary.cond:
-                    await self._checkpoint_model(primary, up)
+                async with followed.cond:
+                    await self._checkpoint_model(followed, up)
             except TrainerGone as exc:
                 core.lose(up, exc)
                 continue
             except Detached:
                 continue
-            checkpoint = primary.checkpoint
+            checkpoint = followed.checkpoint
             return checkpoint.record if checkpoint is not None else None
 
     async def _checkpoint_model(self, model: Model, up: Upstream) -> None:

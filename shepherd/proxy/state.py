@@ -180,8 +180,9 @@ class Model:
 
     program_id: str
     session: Session
-    #: 0 for the job's model (the first the program made); Shepherd's checkpoints of the
-    #: others carry a suffix and raise no events.
+    #: The order the program made it in (0: its first). Shepherd's checkpoints of a model
+    #: other than the first carry a suffix (``-m1``); which model is the job's is
+    #: :meth:`~shepherd.proxy.core.Core.is_followed`'s to say.
     index: int
     create: Op
     ops: OrderedDict[int, Op] = field(default_factory=OrderedDict)
