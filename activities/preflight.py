@@ -20,7 +20,7 @@ from temporalio import activity
 
 from activities.base import ClientProvider, log, refusal, translate
 from shepherd import datasets, loops, offline, programs
-from shepherd.models import PreflightInput
+from shepherd.models import PreflightInput, PreflightResult
 from shepherd.platform import NotFound, PermissionDenied, PlatformError, rules
 from workflows import policies
 
@@ -30,7 +30,7 @@ class PreflightActivities:
         self.clients = clients
 
     @activity.defn(name="preflight")
-    async def preflight(self, inp: PreflightInput) -> None:
+    async def preflight(self, inp: PreflightInput) -> PreflightResult:
         problems: list[tuple[str, str]] = []  # (error type, "field: rule")
         if inp.loop is not None:
             problems += _loop_problems(inp)
@@ -58,6 +58,7 @@ class PreflightActivities:
         if problems:
             log().info("job.preflight_refused", problems=[p for _, p in problems])
             raise refusal("; ".join(p for _, p in problems), problems[0][0])
+        return PreflightResult(total_steps=_program_total(inp))
 
     async def _base_model_problem(self, inp: PreflightInput) -> str | None:
         m = rules.MODEL_NAME_RE.match(inp.base_model)
@@ -94,6 +95,17 @@ def _loop_problems(inp: PreflightInput) -> list[tuple[str, str]]:
             )
         ]
     return []
+
+
+def _program_total(inp: PreflightInput) -> int | None:
+    """A program's total, from its arguments: what ``status`` and ``watch`` show from the
+    job's start (not ``step 0/0`` until the program runs)."""
+    if inp.program is None:
+        return None
+    try:
+        return programs.resolve(inp.program).total_steps(inp.args)
+    except programs.ProgramError:
+        return None
 
 
 async def _program_problems(inp: PreflightInput) -> list[tuple[str, str]]:

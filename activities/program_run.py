@@ -44,10 +44,13 @@ from temporalio.service import RPCError, RPCStatusCode
 from shepherd import programs
 from shepherd.models import (
     CheckpointRecord,
+    MetricPoint,
     ProgramProgress,
     ProgramResult,
     ProgramStarted,
 )
+from shepherd.program_metrics import METRICS_FILE_ENV, MetricsTail
+from shepherd.spec import MAX_KEPT_METRICS
 from shepherd.terminal_text import readable
 from workflows import policies
 
@@ -111,6 +114,7 @@ class ProgramRun:
         environment: dict[str, str],
         generation: int,
         control_queue: str,
+        metrics: list[str],
     ) -> None:
         self.workflow_id = workflow_id
         self.name = name
@@ -127,6 +131,10 @@ class ProgramRun:
         self.control_queue = control_queue
         self._environment = environment
         self.events: asyncio.Queue[Any] = asyncio.Queue()
+        #: The program's own metrics: its file, and the names the job keeps curves of.
+        self.metrics_file = program.metrics_path(directory)
+        self._metrics = MetricsTail(self.metrics_file)
+        self._kept = list(dict.fromkeys([*metrics, *program.metrics]))[:MAX_KEPT_METRICS]
         self.log = structlog.stdlib.get_logger("shepherd.program").bind(
             workflow_id=workflow_id, program=name, generation=generation
         )
@@ -144,6 +152,10 @@ class ProgramRun:
         self.losses: list[tuple[int, float]] = []
         self.checkpoints: list[CheckpointRecord] = []
         self.trainer_lost: str | None = None
+        self.metric_points: list[MetricPoint] = []
+        self.latest_metrics: dict[str, float] = {}
+        self.metrics_step: int | None = None
+        self._records = 0
         self.dirty = False
         #: The workflow is closed for good (a signal found no run): nobody is told anything.
         self.unheard = False
@@ -247,6 +259,7 @@ class ProgramRun:
         try:
             try:
                 while proc.returncode is None:
+                    self._read_metrics()
                     self.beat.update(step=self.step, loss=self.last_loss)
                     warned = _warn_if_idle(self.proxy, output, self.log, warned)
                     with contextlib.suppress(TimeoutError):
@@ -308,7 +321,21 @@ class ProgramRun:
             "TINKER_BASE_URL": self.proxy.url,
             "TINKER_API_KEY": self.proxy.api_key,
             "PYTHONUNBUFFERED": "1",
+            METRICS_FILE_ENV: str(self.metrics_file),
         }
+
+    def _read_metrics(self) -> None:
+        """What the program wrote to its metrics file since the last look."""
+        for record in self._metrics.read():
+            step = record.step if record.step is not None else self._records
+            self._records += 1
+            self.latest_metrics, self.metrics_step = record.values, step
+            kept = {k: v for k, v in record.values.items() if k in self._kept}
+            if kept:
+                self.metric_points.append(MetricPoint(step=step, values=kept))
+                # Unsent only while signals fail (a server outage): the curve keeps the last.
+                del self.metric_points[: -policies.PROGRAM_SIGNAL_LOSSES]
+            self.dirty = True
 
     # ------------------------------------------------------------------ reporting
 
@@ -371,6 +398,8 @@ class ProgramRun:
         """One ``program_progress`` signal with everything not yet told. What a signal that
         failed carried is kept and sent with the next one (a server restart, say); a
         workflow that is closed for good hears nothing more."""
+        # A checkpoint's metric is the program's newest measure when it is told: read it.
+        self._read_metrics()
         if not self.dirty or self.unheard:
             return
         sent = ProgramProgress(
@@ -380,6 +409,9 @@ class ProgramRun:
             checkpoints=self.checkpoints,
             trainer_lost=self.trainer_lost,
             restore_point=self.proxy.restore_point,
+            metrics=self.metric_points,
+            latest_metrics=self.latest_metrics,
+            metrics_step=self.metrics_step,
         )
         try:
             await self.handle.signal("program_progress", sent)
@@ -391,6 +423,7 @@ class ProgramRun:
                 self.log.warning("program.signal_failed", error=str(exc)[:300])
             return
         self.losses, self.checkpoints, self.trainer_lost, self.dirty = [], [], None, False
+        self.metric_points = []
 
 
 def _warn_if_idle(

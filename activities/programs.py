@@ -164,6 +164,7 @@ class ProgramActivities:
             environment=self._environment(program),
             generation=inp.generation,
             control_queue=self.control_queue,
+            metrics=inp.settings.metrics,
         )
         self._runs[workflow_id] = run
         run.start(activity.info().attempt)

@@ -509,6 +509,8 @@ class JobHandle:
                 key = (
                     status.phase,
                     status.step,
+                    status.total_steps,
+                    status.metrics_step,
                     status.platform_state,
                     len(status.recoveries),
                     status.paused_checkpoint,

@@ -12,6 +12,8 @@ from pydantic import BaseModel, ConfigDict
 #: continue-as-new input, so it must stay small (~40 bytes a point as JSON); 500 points
 #: are more than a terminal plot or a PNG can show apart.
 MAX_CURVE_POINTS: Final = 500
+#: Points of each curve of a program's own metrics (up to eight of them travel together).
+MAX_METRIC_POINTS: Final = 250
 
 
 class CurvePoint(BaseModel):
@@ -21,7 +23,9 @@ class CurvePoint(BaseModel):
     value: float
 
 
-def add_point(curve: list[CurvePoint], step: int, value: float) -> None:
+def add_point(
+    curve: list[CurvePoint], step: int, value: float, limit: int = MAX_CURVE_POINTS
+) -> None:
     """Append ``(step, value)`` to ``curve`` in place.
 
     A point replaces every point at its step or later: those were measured on weights a
@@ -39,6 +43,6 @@ def add_point(curve: list[CurvePoint], step: int, value: float) -> None:
     while curve and curve[-1].step >= step:
         curve.pop()
     curve.append(CurvePoint(step=step, value=value))
-    if len(curve) > MAX_CURVE_POINTS:
+    if len(curve) > limit:
         drop = min(range(1, len(curve) - 1), key=lambda i: curve[i + 1].step - curve[i - 1].step)
         del curve[drop]

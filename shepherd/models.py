@@ -215,6 +215,13 @@ class PreflightInput(Model):
     validation_split: float = 0.1
 
 
+class PreflightResult(Model):
+    """What the preflight learned that the job shows from its start."""
+
+    #: A program's total of optimizer steps, from its arguments (its registration says which).
+    total_steps: int | None = None
+
+
 class PublishInput(Model):
     """Hot-load a sampler checkpoint onto a serving deployment (``output.hot_load_deployment``)."""
 
@@ -247,6 +254,9 @@ class ProgramSettings(Model):
     call_timeout_s: float
     route_race_retries: int
     route_race_window_s: float
+    #: The program's own metrics (its metrics file) the job keeps curves of; the worker adds
+    #: those the program's registration names.
+    metrics: list[str] = Field(default_factory=list)
 
 
 class RunProgramInput(Model):
@@ -280,6 +290,13 @@ class ProgramStarted(Model):
     attached: str | None = None
 
 
+class MetricPoint(Model):
+    """One record of a program's metrics file: its step (the program's own) and values."""
+
+    step: int
+    values: dict[str, float]
+
+
 class ProgramProgress(Model):
     """Signal: what the program's proxy saw since the last one."""
 
@@ -292,6 +309,12 @@ class ProgramProgress(Model):
     trainer_lost: str | None = None
     #: The checkpoint the proxy would restore the job's model from now (kept by pruning).
     restore_point: str | None = None
+    #: The program's own metrics since the last signal (its metrics file), the kept ones:
+    #: (the program's step, {name: value}), in order.
+    metrics: list[MetricPoint] = Field(default_factory=list)
+    #: Every metric of the newest record the program wrote, and its step.
+    latest_metrics: dict[str, float] = Field(default_factory=dict)
+    metrics_step: int | None = None
 
 
 class ProgramResult(Model):
@@ -445,6 +468,12 @@ class JobStatus(Model):
     #: evaluation; bounded (``shepherd.curves``).
     loss_curve: list[CurvePoint] = Field(default_factory=list)
     eval_curve: list[CurvePoint] = Field(default_factory=list)
+    #: A program's own metrics (its metrics file): the newest value of each (at most 64),
+    #: the program's step they were written at, and the curves the job keeps (by the
+    #: program's step; ``training.metrics``, the tracked metric, the registration's).
+    metrics: dict[str, float] = Field(default_factory=dict)
+    metrics_step: int | None = None
+    metric_curves: dict[str, list[CurvePoint]] = Field(default_factory=dict)
     checkpoints: list[CheckpointRecord] = Field(default_factory=list)
     best: CheckpointRecord | None = None
     preemptions: int = 0
@@ -475,6 +504,25 @@ class JobStatus(Model):
         return f"{self.phase.value} ({self.stage.value})" if self.stage else self.phase.value
 
     @property
+    def best_decided(self) -> bool:
+        """Whether the tracked metric tells the best checkpoint apart: not when every
+        checkpoint it measured has the same value (then ``best`` is only the latest of
+        equals, and is not shown as best)."""
+        if self.best is None:
+            return False
+        values = {p.value for p in self.eval_curve} | {
+            c.metric for c in self.checkpoints if c.metric is not None
+        }
+        measured = len(self.eval_curve) + sum(c.metric is not None for c in self.checkpoints)
+        return len(values) > 1 or measured <= 1
+
+    def headline_metrics(self) -> dict[str, float]:
+        """The newest value of each program metric the job keeps a curve of (the tracked one
+        first)."""
+        kept = sorted(self.metric_curves, key=lambda name: name != self.eval_metric)
+        return {name: self.metrics[name] for name in kept if name in self.metrics}
+
+    @property
     def last_checkpoint(self) -> CheckpointRecord | None:
         return self.checkpoints[-1] if self.checkpoints else None
 
@@ -486,13 +534,16 @@ class JobStatus(Model):
         if self.eval_value is not None:
             parts.append(f"{self.eval_metric} {self.eval_value:.4f}")
         lines = [" · ".join(parts)]
+        if shown := self.headline_metrics():
+            at = f" (its step {self.metrics_step})" if self.metrics_step is not None else ""
+            lines.append(f"program{at}: " + " · ".join(f"{k} {v:.4g}" for k, v in shown.items()))
         if self.notices:
             lines.append(f"⚠ {self.notices[-1]}")
         if self.trainer_job_id:
             lines.append(
                 f"trainer `{self.trainer_job_id}` ({(self.platform_state or '?').removeprefix('JOB_STATE_')})"
             )
-        if self.best:
+        if self.best and self.best_decided:
             lines.append(
                 f"best checkpoint: {self.best.name.rsplit('/', 1)[-1]} (step {self.best.step})"
             )

@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from shepherd.names import PROGRAM_ARG_KEY, PROGRAM_NAME
+from shepherd.program_metrics import DEFAULT_METRICS_FILE
 
 ENTRY_POINT_GROUP = "shepherd.programs"
 ENV_VAR = "SHEPHERD_PROGRAMS"
@@ -96,6 +97,12 @@ class Program:
     #: Extra environment of the program.
     env: Mapping[str, str] = field(default_factory=dict)
     description: str = ""
+    #: The program's metrics file (shepherd/program_metrics.py), relative to the job's log
+    #: directory (or absolute); the program is told it in ``SHEPHERD_METRICS_FILE``.
+    metrics_file: str = DEFAULT_METRICS_FILE
+    #: The metrics a job of this program keeps curves of unless its spec names others
+    #: (its headline measures: an RL recipe's reward).
+    metrics: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not PROGRAM_NAME.match(self.name):
@@ -188,6 +195,10 @@ class Program:
         except (TypeError, ValueError):
             return None
 
+    def metrics_path(self, log_dir: Path) -> Path:
+        """Where the program of a job with this log directory writes its metrics."""
+        return log_dir / self.metrics_file  # (an absolute metrics_file stays itself)
+
     def command(self, python: str, args: Mapping[str, Any], log_dir: Path) -> list[str]:
         """The program's argv: each argument one item (never a shell line)."""
         self.check_args(args)
@@ -213,6 +224,8 @@ class Program:
             "model_arg",
             "env",
             "description",
+            "metrics_file",
+            "metrics",
         }
         unknown = sorted(set(data) - known)
         if unknown:
@@ -225,6 +238,12 @@ class Program:
             isinstance(k, str) and isinstance(v, str) for k, v in env.items()
         ):
             raise ProgramError(f"program {name!r}: env must map strings to strings")
+        metrics_file = data.get("metrics_file", DEFAULT_METRICS_FILE)
+        if not isinstance(metrics_file, str) or not metrics_file.strip():
+            raise ProgramError(f"program {name!r}: metrics_file must be a file name or path")
+        metrics = data.get("metrics", [])
+        if not isinstance(metrics, list) or not all(isinstance(m, str) for m in metrics):
+            raise ProgramError(f"program {name!r}: metrics must be a list of metric names")
         return cls(
             name=name,
             module=data.get("module"),
@@ -235,6 +254,8 @@ class Program:
             model_arg=data.get("model_arg"),
             env=dict(env),
             description=str(data.get("description", "")),
+            metrics_file=metrics_file,
+            metrics=tuple(metrics),
         )
 
 
@@ -258,6 +279,7 @@ def _cookbook() -> dict[str, Program]:
             total_steps_arg="max_steps",
             model_arg="model_name",
             description="tinker-cookbook: supervised fine-tuning on chat data (chat_sl)",
+            metrics=("train_mean_nll", "test/nll"),
         ),
         "cookbook-math-rl": Program(
             name="cookbook-math-rl",
@@ -267,6 +289,7 @@ def _cookbook() -> dict[str, Program]:
             total_steps_arg="max_steps",
             model_arg="model_name",
             description="tinker-cookbook: RL on math problems (math_rl; env=arithmetic offline)",
+            metrics=("env/all/reward/total",),
         ),
     }
 

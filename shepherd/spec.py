@@ -171,9 +171,13 @@ LABEL_KEY = re.compile(r"^[a-z0-9]([a-z0-9_./-]{0,61}[a-z0-9])?\Z")
 #: values (a file name, a number), never data.
 MAX_PROGRAM_ARGS = 64
 MAX_PROGRAM_ARG_LEN = 1000
-#: What the workers report of a program's training, for ``checkpoint.metric``: the mean loss
-#: of each optimizer step's forward_backward calls, as the trainer returned it.
+#: What the workers report of a program's training from the wire, for ``checkpoint.metric``:
+#: the mean loss of each optimizer step's forward_backward calls, as the trainer returned it.
+#: Any other name is read from the program's own metrics file (shepherd/program_metrics.py).
 PROGRAM_METRICS = ("train_loss",)
+#: Program metrics a job keeps curves of (``training.metrics``, the tracked one and the
+#: registration's): each curve travels in every status query and continue-as-new.
+MAX_KEPT_METRICS = 8
 JOB_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?\Z")
 BACKEND_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}\Z")
 METRIC_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:/-]{0,63}\Z")
@@ -297,6 +301,9 @@ class TrainingSpec(SpecModel):
     resume_from: str | None = None
     #: Optimizer steps per training activity; defaults to the checkpoint cadence (max 50).
     steps_per_chunk: Int | None = Field(default=None, ge=1, le=10_000)
+    #: A program's own metrics (from its metrics file: shepherd/program_metrics.py) the job
+    #: keeps curves of, beside ``checkpoint.metric`` and those its registration names.
+    metrics: list[str] = Field(default_factory=list, max_length=MAX_KEPT_METRICS)
 
     @field_validator("dataset")
     @classmethod
@@ -328,6 +335,19 @@ class TrainingSpec(SpecModel):
                 "one with SHEPHERD_PROGRAMS on the workers",
             )
         return value
+
+    @field_validator("metrics")
+    @classmethod
+    def _metrics(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not METRIC_NAME.match(name):
+                raise PydanticCustomError(
+                    "metrics",
+                    "'{name}': a metric name is 1-64 characters of letters, digits, '_', '.', "
+                    "':', '/', '-' (e.g. env/all/reward/total)",
+                    {"name": name[:80]},
+                )
+        return list(dict.fromkeys(value))
 
     @field_validator("args")
     @classmethod
@@ -363,6 +383,12 @@ class TrainingSpec(SpecModel):
         if self.program is None:
             if self.args:
                 raise _located("training.args", "are a program's arguments: set training.program")
+            if self.metrics:
+                raise _located(
+                    "training.metrics",
+                    "are a program's metrics (from the file it writes); a loop's job tracks "
+                    "checkpoint.metric from its evaluation",
+                )
             if self.total_steps is None:
                 raise _located("training.total_steps", "is required for a loop")
             return self
@@ -713,14 +739,9 @@ def submission_problems(spec: JobSpec) -> list[SpecProblem]:
     if not METRIC_NAME.match(c.metric):
         refuse(
             "checkpoint.metric",
-            "must be the name of a metric the loop's evaluation reports (e.g. eval_loss; "
-            "1-64 characters of letters, digits, '_', '.', ':', '/', '-')",
-        )
-    elif tr.program is not None and c.evaluate and c.metric not in PROGRAM_METRICS:
-        refuse(
-            "checkpoint.metric",
-            f"a program's checkpoints are measured by {', '.join(PROGRAM_METRICS)} (from the "
-            "trainer's answers); set checkpoint.metric to it, or checkpoint.evaluate: false",
+            "must be the name of a metric the loop's evaluation (or the program's metrics "
+            "file) reports (e.g. eval_loss, env/all/reward/total; 1-64 characters of letters, "
+            "digits, '_', '.', ':', '/', '-')",
         )
     elif (
         tr.program is None

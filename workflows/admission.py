@@ -23,7 +23,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.promotion import PromotionActivities
     from activities.provisioning import ProvisioningActivities
     from shepherd import search_attributes as sa
-    from shepherd.models import PreflightInput, PromoteInput, ResolveShapeInput
+    from shepherd.models import PreflightInput, PreflightResult, PromoteInput, ResolveShapeInput
     from shepherd.phases import Phase
     from shepherd.spec import SpecError, resolve_templates
     from workflows import checkpointing, policies
@@ -61,7 +61,7 @@ async def preflight(ctx: JobContext) -> None:
     spec = ctx.spec
     c, tr = spec.checkpoint, spec.training
     program = tr.program is not None
-    await ctx.act(
+    checked: PreflightResult | None = await ctx.act(
         PreflightActivities.preflight,
         PreflightInput(
             backend=spec.backend,
@@ -86,6 +86,8 @@ async def preflight(ctx: JobContext) -> None:
         ctx.pol.lookup,
         "preflight: loop, metric, dataset, base model",
     )
+    if checked is not None and checked.total_steps and not spec.training.total_steps:
+        ctx.s.total_steps = checked.total_steps  # a program's, from its arguments
 
 
 def fill_templates(ctx: JobContext) -> None:

@@ -15,16 +15,23 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from activities.checkpoints import CheckpointActivities
     from shepherd.models import CheckCheckpointInput, CheckpointRecord, PruneCheckpointsInput
+    from workflows import versions
     from workflows.context import JobContext
 
 
 def is_better(ctx: JobContext, record: CheckpointRecord) -> bool:
-    """Whether ``record`` beats the job's best by the tracked metric (``checkpoint.mode``)."""
+    """Whether ``record`` beats the job's best by the tracked metric (``checkpoint.mode``).
+    A tie goes to the later checkpoint: where the metric does not tell two checkpoints
+    apart (an RL objective that is 0.0 at every step), the one trained longer is the best,
+    and ``status`` does not call either of them best for their metric
+    (``JobStatus.best_decided``)."""
     best = ctx.s.best
     if best is None or best.metric is None:
         return True
     if record.metric is None:
         return False
+    if record.metric == best.metric and workflow.patched(versions.TIES_GO_TO_THE_LATER):
+        return True
     return (
         record.metric < best.metric
         if ctx.spec.checkpoint.mode == "min"

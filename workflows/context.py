@@ -319,7 +319,7 @@ class JobContext:
     # ------------------------------------------------------------------ continue-as-new
 
     def history_long(self) -> bool:
-        """Time to continue-as-new (docs/upgrades.md, "History budget"): the history holds
+        """Time to continue-as-new (docs/history.md): the history holds
         ``policies.max_history_events`` events or ``HISTORY_BYTES_CAP`` bytes, or the server
         suggests it — unless a pause or a resume waits for its answer (continued once it is
         handled). Every wait of the lifecycle that may last (a slot, a pause, a program, a

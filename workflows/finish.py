@@ -39,6 +39,18 @@ async def promote(ctx: JobContext) -> None:
     if output.promote == "none":
         return
     chosen = ctx.s.best if output.promote == "best" else ctx.s.last_checkpoint
+    if chosen is None and output.promote == "best" and ctx.s.checkpoints:
+        metric = ctx.spec.checkpoint.metric
+        wrote = ", ".join(sorted(ctx.s.metrics)[:12])
+        raise Terminal(
+            Phase.FAILED,
+            policies.METRIC_MISSING,
+            f"output.promote: 'best', but no checkpoint was measured by checkpoint.metric "
+            f"{metric!r}"
+            + (f" (the program's metrics file has {wrote})" if wrote else "")
+            + f"; its checkpoints are kept: promote one with its name (last: "
+            f"{ctx.s.checkpoints[-1].name})",
+        )
     if chosen is None:
         program = ctx.spec.training.program
         raise Terminal(

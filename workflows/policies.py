@@ -332,7 +332,7 @@ def hold_queue(control_queue: str) -> str:
 # --------------------------------------------------------------------- history budget
 # Temporal warns at 10,240 events (or 10 MiB) of one run's history and terminates the
 # workflow at 51,200 (50 MiB), with no cleanup. A job continues-as-new before the warning,
-# whatever it is doing (docs/upgrades.md, "History budget"): at ``policies.max_history_events``
+# whatever it is doing (docs/history.md): at ``policies.max_history_events``
 # of the spec (10,000 by default), at the server's own suggestion, or at this many bytes.
 HISTORY_BYTES_CAP = 8 * 1024 * 1024
 

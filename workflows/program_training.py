@@ -32,7 +32,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError,
 with workflow.unsafe.imports_passed_through():
     from activities.programs import ProgramActivities
     from activities.readiness import ReadinessActivities
-    from shepherd.curves import add_point
+    from shepherd.curves import MAX_METRIC_POINTS, add_point
     from shepherd.models import (
         CheckpointRecord,
         ProgramAttachInput,
@@ -47,6 +47,8 @@ with workflow.unsafe.imports_passed_through():
         WarmUpResult,
     )
     from shepherd.phases import Phase
+    from shepherd.program_metrics import MAX_NAMES as MAX_METRIC_NAMES
+    from shepherd.spec import MAX_KEPT_METRICS, PROGRAM_METRICS
     from workflows import checkpointing, policies
     from workflows.context import JobContext
     from workflows.flow import DEAD, Lost, PauseNow, Terminal, required
@@ -123,6 +125,9 @@ class ProgramTraining:
             ctx.s.last_loss = progress.last_loss
         for step, loss in progress.losses:
             add_point(ctx.s.loss_curve, step, loss)
+        # The program's own metrics first: a checkpoint in the same report is measured by
+        # the newest of them.
+        self._metrics(ctx, progress)
         for record in progress.checkpoints:
             self._took_checkpoint(ctx, record)
             self._prune = True
@@ -133,12 +138,36 @@ class ProgramTraining:
         ctx.publish()
 
     @staticmethod
+    def _metrics(ctx: JobContext, progress: ProgramProgress) -> None:
+        """What the program wrote to its metrics file: the newest value of each metric, and
+        the curves the job keeps (by the program's own step)."""
+        s = ctx.s
+        for point in progress.metrics:
+            for name, value in point.values.items():
+                if name in s.metric_curves or len(s.metric_curves) < MAX_KEPT_METRICS:
+                    add_point(
+                        s.metric_curves.setdefault(name, []), point.step, value, MAX_METRIC_POINTS
+                    )
+        if progress.latest_metrics:
+            s.metrics = dict(list(progress.latest_metrics.items())[:MAX_METRIC_NAMES])
+            s.metrics_step = progress.metrics_step
+            tracked = _program_metric(ctx)
+            if tracked and tracked not in s.metrics and not any(tracked in n for n in s.notices):
+                said = ", ".join(sorted(s.metrics)[:12])
+                ctx.notice(
+                    f"checkpoint.metric {tracked!r}: the program's metrics file has no such "
+                    f"metric (it writes {said}); its checkpoints are not measured"
+                )
+
+    @staticmethod
     def _took_checkpoint(ctx: JobContext, record: CheckpointRecord) -> None:
-        """A checkpoint the proxy saved: the job's checkpoints, its best (by the step's mean
-        training loss, ``train_loss``, which is what a program's job can measure)."""
+        """A checkpoint the proxy saved: the job's checkpoints, its best by
+        ``checkpoint.metric`` — the step's mean training loss (``train_loss``, from the wire),
+        or one of the program's own metrics, its newest value when the checkpoint is told."""
         record.saved_at = record.saved_at or workflow.now()
         if ctx.spec.checkpoint.evaluate and record.metric is None:
-            record.metric = ctx.s.last_loss
+            tracked = _program_metric(ctx)
+            record.metric = ctx.s.metrics.get(tracked) if tracked else ctx.s.last_loss
         if ctx.spec.checkpoint.evaluate and record.metric is not None:
             if checkpointing.is_better(ctx, record):
                 ctx.s.best = record
@@ -328,6 +357,7 @@ class ProgramTraining:
                 call_timeout_s=ctx.pol.step_timeout.total_seconds(),
                 route_race_retries=ctx.pol.route_race_retries,
                 route_race_window_s=ctx.pol.route_race_window.total_seconds(),
+                metrics=[m for m in (_program_metric(ctx), *spec.training.metrics) if m],
             ),
             seed_from=ctx.s.parent_workflow_id,
             generation=self._generation,
@@ -391,6 +421,12 @@ class ProgramTraining:
                 ProgramControlInput(reason=reason),
                 f"detach: {reason}",
             )
+
+
+def _program_metric(ctx: JobContext) -> str | None:
+    """The tracked metric when the program's metrics file gives it (None: the wire's)."""
+    metric = ctx.spec.checkpoint.metric
+    return None if metric in PROGRAM_METRICS else metric
 
 
 class _Gone(Exception):

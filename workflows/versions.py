@@ -9,10 +9,10 @@ recorded before it are gone with the code that wrote them (Shepherd was never re
 baseline's own recorded histories (tests/histories) carry the marker, which current code
 deprecates: a history with or without it replays.
 
-**Patches since the baseline**: none yet. A change that running jobs could not replay is made
-with ``workflow.patched(ID)`` where it differs, ``ID`` added to :data:`PATCHES` with the date it
-may be retired, then ``workflow.deprecate_patch(ID)`` once no job started before it runs, then
-removed (docs/upgrades.md).
+**Patches since the baseline**: :data:`PATCHES`. A change that running jobs could not replay
+is made with ``workflow.patched(ID)`` where it differs, ``ID`` added to :data:`PATCHES` with
+the date it may be retired, then ``workflow.deprecate_patch(ID)`` once no job started before
+it runs, then removed (docs/upgrades.md).
 """
 
 from __future__ import annotations
@@ -20,5 +20,16 @@ from __future__ import annotations
 #: The baseline lifecycle's marker (deprecated: recorded by runs of the baseline's first days).
 REPLAY_SAFE = "replay-safe-lifecycle"
 
+#: A checkpoint whose metric ties the best's becomes the best (the later one): jobs before
+#: it kept the first of equals, and pruned differently.
+TIES_GO_TO_THE_LATER = "ties-go-to-the-later"
+
 #: Patches since the baseline, oldest first: (id, what changed, when it may be deprecated).
-PATCHES: tuple[tuple[str, str, str], ...] = ()
+PATCHES: tuple[tuple[str, str, str], ...] = (
+    (
+        TIES_GO_TO_THE_LATER,
+        "a checkpoint that ties the best by checkpoint.metric becomes the best",
+        # Released 2026-11-28, plus the longest job lifetime (30 days).
+        "2026-12-28",
+    ),
+)

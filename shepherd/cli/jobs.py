@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from shepherd.cli.common import EXIT_FAILED, fail, run, shepherd, ui_link
+from shepherd.cli.common import EXIT_FAILED, EXIT_INVALID, fail, run, shepherd, ui_link
 from shepherd.cli.render import (
     checkpoint_table,
     console,
@@ -164,18 +164,32 @@ def register(app: typer.Typer) -> None:
                 "--png", help="Write the curves to this PNG file (needs the 'plots' extra)."
             ),
         ] = None,
+        metric: Annotated[
+            str | None,
+            typer.Option(
+                "--metric",
+                help="With --plot/--png: draw this one of the program's own metrics "
+                "(e.g. env/all/reward/total).",
+            ),
+        ] = None,
         as_json: JsonOption = False,
     ) -> None:
-        """The job's status: phase, platform state, step, loss, checkpoints, recoveries, error;
-        its curves with --plot or --png (and always in --json)."""
+        """The job's status: phase, platform state, step, loss, the program's metrics,
+        checkpoints, recoveries, error; its curves with --plot or --png (and always in
+        --json)."""
         from shepherd.cli import plots
 
         plots.check_options(plot=plot, png=png, as_json=as_json)
+        if metric is not None and not (plot or png):
+            fail("--metric says which curve --plot or --png draws: add one of them", EXIT_INVALID)
 
         async def go() -> None:
             st = await (await shepherd()).get(workflow_id).status()
+            if metric is not None:
+                plots.keep_metric(st, metric)
             print_json(st) if as_json else show_status(st)
-            plots.show(plots.job_panels(st), plot=plot, png=png, title=workflow_id, quiet=as_json)
+            panels = plots.job_panels(st, metric)
+            plots.show(panels, plot=plot, png=png, title=workflow_id, quiet=as_json)
 
         run(go())
 

@@ -60,9 +60,55 @@ def _tracked_points(status: JobStatus) -> list[CurvePoint]:
     ]
 
 
-def job_panels(status: JobStatus) -> list[Panel]:
-    """The training loss, then the tracked metric at each checkpoint; a curve with no
-    points is said to be missing once, by its metric's name."""
+def metric_panel(name: str, points: list[CurvePoint], yet: str) -> Panel:
+    """A program's own metric, by the program's step."""
+    return Panel(
+        f"{name} (the program's, by its step)", name, [Series(name, points)], f"no {name}{yet}"
+    )
+
+
+def job_panels(status: JobStatus, metric_name: str | None = None) -> list[Panel]:
+    """The training loss, then the tracked metric at each checkpoint, then the program's own
+    metrics the job keeps (``metric_name``: only that one); a curve with no points is said to
+    be missing once, by its metric's name."""
+    yet = "" if status.phase.is_terminal() else " yet"
+    if metric_name is not None:
+        return [metric_panel(metric_name, status.metric_curves.get(metric_name, []), yet)]
+    kept = [
+        metric_panel(name, status.metric_curves[name], yet)
+        for name in status.headline_metrics()
+        if name in status.metric_curves
+    ]
+    return _loss_panels(status) + kept
+
+
+def keep_metric(status: JobStatus, name: str) -> None:
+    """Make ``name`` one of the status's curves for ``--metric``: the job's kept curve, else
+    read from the program's metrics file where this machine sees the job's log directory
+    (as ``shepherd logs`` reads its output); otherwise exit 2 saying what there is."""
+    if name in status.metric_curves:
+        return
+    from shepherd import program_metrics, programs
+
+    records = program_metrics.read_all(
+        programs.log_dir(status.workflow_id) / program_metrics.DEFAULT_METRICS_FILE
+    )
+    points = program_metrics.curve(records, name)
+    if points:
+        status.metric_curves[name] = [CurvePoint(step=s, value=v) for s, v in points]
+        return
+    kept = ", ".join(status.metric_curves) or "none"
+    known = sorted(set(status.metrics) | set(program_metrics.names(records)))
+    fail(
+        f"--metric {name}: the job keeps no curve of it (it keeps: {kept})"
+        + (f"; the program's metrics are: {', '.join(known[:40])}" if known else "")
+        + (", and its metrics file is not readable here" if not records else "")
+        + " — a spec keeps a curve with training.metrics",
+        EXIT_INVALID,
+    )
+
+
+def _loss_panels(status: JobStatus) -> list[Panel]:
     metric = status.eval_metric
     # "yet" only while the job can still record some.
     yet = "" if status.phase.is_terminal() else " yet"

@@ -104,7 +104,7 @@ def show_status(status: JobStatus) -> None:
         ("step", f"{status.step}/{status.total_steps}"),
         ("loss", f"{status.last_loss:.4f}" if status.last_loss is not None else "-"),
         (status.eval_metric, f"{status.eval_value:.4f}" if status.eval_value is not None else "-"),
-        ("best", f"{status.best.name} (step {status.best.step})" if status.best else "-"),
+        ("best", _best(status)),
         ("checkpoints", str(len(status.checkpoints))),
         (
             "recoveries",
@@ -119,6 +119,17 @@ def show_status(status: JobStatus) -> None:
         ("elapsed", _age(status)),
         ("cleanup", status.cleanup),
     ]
+    if status.metrics:
+        at = f" at its step {status.metrics_step}" if status.metrics_step is not None else ""
+        shown = status.headline_metrics() or dict(list(status.metrics.items())[:4])
+        rows.insert(
+            7,
+            (
+                "program",
+                ", ".join(f"{k} {v:.4g}" for k, v in shown.items())
+                + f" ({len(status.metrics)} metrics{at})",
+            ),
+        )
     if status.labels:
         rows.insert(1, ("labels", ", ".join(f"{k}={v}" for k, v in sorted(status.labels.items()))))
     if status.error:
@@ -135,6 +146,21 @@ def show_status(status: JobStatus) -> None:
         console.print(f"  [yellow]notice:[/yellow] {notice}", soft_wrap=True)
 
 
+def _headline(status: JobStatus) -> str:
+    """A program's first kept metric, as the program last wrote it (``reward 0.75``)."""
+    for name, value in status.headline_metrics().items():
+        return f"{name} {value:.4g}"
+    return ""
+
+
+def _best(status: JobStatus) -> str:
+    if status.best is None:
+        return "-"
+    if not status.best_decided:
+        return f"- ({status.eval_metric} is the same at every checkpoint: it decides nothing)"
+    return f"{status.best.name} (step {status.best.step})"
+
+
 def outcome_line(status: JobStatus) -> str:
     if status.phase is Phase.COMPLETED:
         model = f" · model {status.model.name}" if status.model else ""
@@ -148,6 +174,8 @@ def progress_line(status: JobStatus) -> str:
     parts = [f"{status.phase_label:<13}", f"step {status.step}/{status.total_steps}"]
     if status.last_loss is not None:
         parts.append(f"loss {status.last_loss:.4f}")
+    if headline := _headline(status):
+        parts.append(headline)
     if status.platform_state:
         parts.append(f"trainer {status.platform_state.removeprefix('JOB_STATE_')}")
     if status.recoveries:
@@ -162,7 +190,8 @@ async def watch_progress(updates: AsyncIterator[JobStatus]) -> JobStatus:
         BarColumn(),
         TaskProgressColumn(),
         TextColumn(
-            "{task.completed:.0f}/{task.total:.0f}  loss {task.fields[loss]}  {task.fields[recoveries]}"
+            "{task.completed:.0f}/{task.total:.0f}  loss {task.fields[loss]}  "
+            "{task.fields[metric]}  {task.fields[recoveries]}"
         ),
         TimeRemainingColumn(),
         TimeElapsedColumn(),
@@ -174,11 +203,14 @@ async def watch_progress(updates: AsyncIterator[JobStatus]) -> JobStatus:
             final = status
             if bar is None:
                 bar = progress.add_task(
-                    "job", total=max(1, status.total_steps), phase="", loss="-", recoveries=""
+                    "job", total=1, phase="", loss="-", metric="", recoveries=""
                 )
             progress.update(
                 bar,
+                # A program's total may come later than the first look (its start says it).
+                total=max(1, status.total_steps, status.step),
                 completed=status.step,
+                metric=_headline(status),
                 phase=status.phase_label,
                 loss=f"{status.last_loss:.3f}" if status.last_loss is not None else "-",
                 recoveries=f"recoveries {len(status.recoveries)}" if status.recoveries else "",
@@ -210,7 +242,7 @@ def checkpoint_table(status: JobStatus) -> None:
             c.name,
             str(c.step),
             "-" if c.metric is None else f"{c.metric:.4f}",
-            "*" if status.best and status.best.name == c.name else "",
+            "*" if status.best_decided and status.best and status.best.name == c.name else "",
         ]
         for c in status.checkpoints
     ]

@@ -69,19 +69,48 @@ def test_bad_program_settings_name_the_field(
     assert field in text and rule in text, text
 
 
-def test_a_program_tracks_only_what_its_proxy_measures() -> None:
+def _metric_spec(**sections: Any) -> Any:
+    data: dict[str, Any] = {
+        "name": "prog",
+        "trainer": {"base_model": "accounts/fireworks/models/qwen3-8b"},
+        "training": {"program": "p"},
+        "checkpoint": {"every_steps": 5},
+        "output": {"model_id": "prog-model"},
+    }
+    for key, value in sections.items():
+        data[key] = {**data[key], **value}
+    return validate_spec(data)
+
+
+def test_a_program_tracks_the_wire_or_its_own_metrics() -> None:
+    # By default the step's training loss from the wire; any metric the program writes.
+    assert _metric_spec().checkpoint.metric == "train_loss"
+    spec = _metric_spec(
+        checkpoint={"metric": "env/all/reward/total", "mode": "max"},
+        training={"metrics": ["test/nll", "test/nll", "optim/lr"]},
+    )
+    assert spec.checkpoint.metric == "env/all/reward/total" and spec.checkpoint.mode == "max"
+    assert spec.training.metrics == ["test/nll", "optim/lr"]  # once each
+
+
+@pytest.mark.parametrize(
+    ("sections", "field", "rule"),
+    [
+        ({"checkpoint": {"metric": "reward total"}}, "checkpoint.metric", "1-64 characters"),
+        ({"training": {"metrics": ["ok", "not ok"]}}, "training.metrics", "'not ok'"),
+        ({"training": {"metrics": [f"m{i}" for i in range(9)]}}, "training.metrics", "8"),
+        (
+            {"training": {"program": None, "total_steps": 10, "metrics": ["x"]}},
+            "training.metrics",
+            "are a program's metrics",
+        ),
+    ],
+)
+def test_bad_metric_settings_name_the_field(sections: dict[str, Any], field: str, rule: str) -> None:
     with pytest.raises(SpecError) as refused:
-        validate_spec(
-            {
-                "name": "prog",
-                "trainer": {"base_model": "accounts/fireworks/models/qwen3-8b"},
-                "training": {"program": "p"},
-                "checkpoint": {"every_steps": 5, "metric": "eval_loss"},
-                "output": {"model_id": "prog-model"},
-            }
-        )
-    [problem] = refused.value.problems
-    assert problem.field == "checkpoint.metric" and "train_loss" in problem.rule
+        _metric_spec(**sections)
+    text = str(refused.value)
+    assert field in text and rule in text, text
 
 
 def test_the_command_is_argv_items_with_the_log_dir_last() -> None:

@@ -268,6 +268,8 @@ async def programs_env(
                 # The fireworks-ai fork's client, and a program that trains nothing.
                 "fork-loop": {"module": "tests.workflows.fork_program", "total_steps_arg": "steps"},
                 "idle": {"module": "tests.workflows.idle_program"},
+                # A loop that writes its own metrics (a score that peaks) where it is told.
+                "scored": {"module": "tests.workflows.scored_program", "total_steps_arg": "steps"},
             }
         ),
     )

@@ -93,6 +93,13 @@ async def test_the_example_runs_to_its_end(stack: Stack, example: str) -> None:
     # Every example promotes, to its model id filled with the submission time.
     prefix = (spec.output.model_id or "").partition("{")[0]
     assert final.model is not None and final.model.name.rsplit("/", 1)[-1].startswith(prefix)
+    if program is not None:
+        # The program's own headline measure, as its registration names it (its metrics
+        # file; chat_sl's test/nll comes only at its evaluations, past these short runs).
+        for name in programs.resolve(program).metrics[:1]:
+            assert final.metric_curves.get(name), (name, sorted(final.metrics))
+        if spec.checkpoint.metric == "env/all/reward/total":
+            assert all(c.metric is not None for c in final.checkpoints), final.checkpoints
     if spec.output.promote == "last":  # the weights the job ended with (a sampler twin)
         promoted = (final.model.checkpoint or "").rsplit("/", 1)[-1].removesuffix("-sampler")
         assert promoted == f"step-{total:08d}", final.model
