@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shepherd.platform import PlatformError
-from shepherd.proxy import ids
+from shepherd.proxy import ids, samplers
 from shepherd.proxy.core import SAVE_ADDRESSING, Core, NoTrainer, Refused
 from shepherd.proxy.settings import SEQ_GAP_HOLD_S
 from shepherd.proxy.state import Model, Op, Sampler, Session
@@ -455,7 +455,7 @@ class ProgramApi:
 
     def _register_snapshot(self, op: Op) -> None:
         if op.sampler is not None and op.op == "save_weights_for_sampler":
-            self.core.add_sampler(op.sampler)
+            samplers.add(self.core, op.sampler)
 
     # ------------------------------------------------------------------ sampling
 
@@ -487,13 +487,13 @@ class ProgramApi:
             )
         try:
             await self.core.with_trainer(
-                lambda up: self.core.ensure_sampler(sampler, up), self.settings.direct_hold_s
+                lambda up: samplers.ensure(self.core, sampler, up), self.settings.direct_hold_s
             )
         except NoTrainer as exc:
             raise ProgramError(503, "UNAVAILABLE", str(exc)) from None
         except (Refused, PlatformError) as exc:
             raise ProgramError.of(exc) from None
-        self.core.add_sampler(sampler)
+        samplers.add(self.core, sampler)
         return answer
 
     async def asample(self, c: Call) -> dict[str, Any]:
@@ -536,7 +536,7 @@ class ProgramApi:
         up = core.up
         if up is not None and not up.closed:
             try:
-                await core.send_sample(op, up)
+                await samplers.send(core, op, up)
             except (Refused, PlatformError) as exc:
                 core.futures.discard(op)
                 core.oneoff.pop(op.request_id, None)

@@ -41,7 +41,6 @@ from shepherd.proxy.settings import (
     MAX_KEPT_SEQUENCE_TOKENS,
     MAX_REDO_OPS,
     MAX_REMADE_SNAPSHOTS,
-    MAX_SAMPLERS,
     PROGRESS_HISTORY,
     ProxySettings,
 )
@@ -75,7 +74,7 @@ class Refused(Exception):
 #: Operations that change a model's state: what a snapshot's recipe sends again.
 _STATE_OPS = frozenset({"forward_backward", "optim_step", "load_weights"})
 #: What a trainer says of an id it does not hold (a model, a sampler, a session).
-_NOT_HERE = "is not on this trainer"
+NOT_HERE = "is not on this trainer"
 
 
 #: Results that name no id (metrics, per-token outputs, samples): passed on as they are,
@@ -220,7 +219,7 @@ class Core:
         not know the job's model either (it restarted). A trainer's word alone never starts
         a recovery: a snapshot it still holds, refused for another reason, is not a loss."""
         refused = Refused(exc.status_code or 400, exc.status, exc.message)
-        if _NOT_HERE not in exc.message:
+        if NOT_HERE not in exc.message:
             return refused
         await up.verify(f"the trainer refused an id the proxy made on it ({exc.message[:200]})")
         live = [m for m in self.models.values() if m.gen == self.gen and m.trainer_id]
@@ -228,7 +227,7 @@ class Core:
             try:
                 await self.model_info(model, up)
             except PlatformError as again:
-                if _NOT_HERE in again.message:
+                if NOT_HERE in again.message:
                     return TrainerGone(
                         f"the trainer no longer holds what the proxy made on it (it restarted): "
                         f"{exc.message}"
@@ -294,28 +293,6 @@ class Core:
             except Refused as exc:
                 model.broken = f"model {model.program_id} could not be restored: {exc.message}"
                 log.error("proxy.restore_refused", model=model.program_id, error=exc.message[:500])
-
-    async def restore_samples(self, up: Upstream, result: AttachResult) -> None:
-        """Send again every sample request the lost trainer had not answered (the default
-        seed is a function of the sampler's weights and the request: the same answer)."""
-        waiting = [s for s in self.samplers.values() if s.pending]
-        for sampler in waiting:
-            ops = [op for op in sampler.pending.values() if op.gen != self.gen]
-            if not ops:
-                continue
-            try:
-                await self.ensure_sampler(sampler, up)
-            except Refused as exc:
-                for op in ops:
-                    op.fail(exc.message, "user")
-                    sampler.pending.pop(op.request_id, None)
-                continue
-            for op in ops:
-                await self.send_sample(op, up)
-                result.samples_redone += 1
-        for op in [op for op in self.oneoff.values() if op.gen != self.gen]:
-            await self.send_sample(op, up)
-            result.samples_redone += 1
 
     # ------------------------------------------------------------------ sessions
 
@@ -497,10 +474,10 @@ class Core:
             body["sampling_session_seq_id"] = model.session.next_sampler_seq
             model.session.next_sampler_seq += 1
         if op.op in ("forward", "forward_backward"):
-            self._map_spans(body)
+            self.map_spans(body)
         return body
 
-    def _map_spans(self, body: dict[str, Any]) -> None:
+    def map_spans(self, body: dict[str, Any]) -> None:
         """Provenance spans name sampled sequences by the program's ids. Where the proxy
         kept the sequences (sampled with ``record_stability_info``), the spans become the
         ``logprobs`` they stand for, sent with the datum — what the trainer would resolve
@@ -611,9 +588,9 @@ class Core:
             raise Detached(op.op)
         model.next_tseq = tseq + 1
         op.sends += 1
-        self._polling(op, up, str(ticket["request_id"]))
+        self.watch(op, up, str(ticket["request_id"]))
 
-    def _polling(self, op: Op, up: Upstream, trainer_request_id: str) -> None:
+    def watch(self, op: Op, up: Upstream, trainer_request_id: str) -> None:
         op.gen = self.gen
         op.trainer_request_id = trainer_request_id
         op.executed = asyncio.Event()
@@ -958,157 +935,6 @@ class Core:
         return {id(op) for s in self.samplers.values() if s.recipe for op in s.recipe.ops}
 
     # ------------------------------------------------------------------ samplers
-
-    def add_sampler(self, sampler: Sampler) -> None:
-        self.samplers[sampler.program_id] = sampler
-        self.samplers.move_to_end(sampler.program_id)
-        while len(self.samplers) > MAX_SAMPLERS:
-            oldest = next(iter(self.samplers.values()))
-            if oldest.pending:
-                break
-            del self.samplers[oldest.program_id]
-
-    async def ensure_sampler(self, sampler: Sampler, up: Upstream) -> None:
-        """Make ``sampler`` live on ``up``."""
-        if sampler.gen == self.gen and sampler.trainer_id is not None:
-            return
-        if sampler.lost is not None:
-            raise Refused(400, "FAILED_PRECONDITION", sampler.lost)
-        if sampler.kind == "remade":
-            async with sampler.lock:
-                if sampler.gen != self.gen or sampler.trainer_id is None:
-                    await self._remake(sampler, up)
-            return
-        if sampler.kind == "snapshot":
-            model = sampler.model
-            assert model is not None
-            async with model.cond:
-                await self.ensure_model(model, up)
-            if sampler.gen != self.gen and self.live(up):
-                # The snapshot's save was refused or failed in the redo.
-                raise Refused(
-                    400,
-                    "FAILED_PRECONDITION",
-                    f"sampling session {sampler.program_id} could not be made again",
-                )
-            return
-        async with sampler.lock:
-            if sampler.gen == self.gen and sampler.trainer_id is not None:
-                return
-            tsession = await self.trainer_session(sampler.session, up)
-            seq = sampler.session.next_sampler_seq
-            sampler.session.next_sampler_seq += 1
-            body: dict[str, Any] = {"session_id": tsession, "sampling_session_seq_id": seq}
-            if sampler.kind == "path":
-                body["model_path"] = sampler.trainer_path
-            else:
-                body["base_model"] = sampler.base_model
-            try:
-                answer = await up.call("POST", "create_sampling_session", body)
-            except PlatformError as exc:
-                if exc.status_code and 400 <= exc.status_code < 500:
-                    raise await self.refusal(up, exc) from None
-                raise
-            if not self.live(up):
-                raise Detached("create_sampling_session")
-            sampler.trainer_id = str(answer["sampling_session_id"])
-            sampler.gen = self.gen
-            self.ids.learn(sampler.trainer_id, sampler.program_id)
-
-    async def _remake(self, sampler: Sampler, up: Upstream) -> None:
-        """A snapshot's weights made again: its recipe's base (a Shepherd checkpoint, with
-        optimizer state; or the model made as the program made it) in a scratch model, the
-        recipe's operations sent again in order, saved for sampling, the scratch unloaded."""
-        recipe = sampler.recipe
-        if recipe is None:
-            raise Refused(400, "FAILED_PRECONDITION", f"sampler {sampler.program_id}: no recipe")
-        tsession = await self.trainer_session(sampler.session, up)
-        mseq = sampler.session.next_model_seq
-        sampler.session.next_model_seq += 1
-        body: dict[str, Any]
-        if recipe.base is not None:
-            kind, body = "load_weights", {"path": recipe.base.ref, "optimizer": True}
-        else:
-            kind, body = recipe.model.create.op, dict(recipe.model.create.body)
-            if kind == "load_weights" and isinstance(body.get("path"), str):
-                body["path"] = self.ids.trainer_path(body["path"])
-        body.update({"session_id": tsession, "model_seq_id": mseq})
-        try:
-            scratch = await self._made(up, kind, body, ids.model_id(tsession, mseq))
-            tickets = []
-            for n, op in enumerate(recipe.ops, start=1):
-                sent = dict(op.body)
-                sent.update({"model_id": scratch, "seq_id": n})
-                if op.op == "load_weights" and isinstance(sent.get("path"), str):
-                    sent["path"] = self.ids.trainer_path(sent["path"])
-                if op.op == "forward_backward":
-                    self._map_spans(sent)
-                tickets.append(await up.call("POST", endpoint(op), sent))
-            for ticket in tickets:
-                answer = await self.await_trainer(up, str(ticket["request_id"]))
-                if "error" in answer:
-                    raise Refused(400, "FAILED_PRECONDITION", f"remaking: {answer['error']}")
-            save = {
-                "model_id": scratch,
-                "seq_id": len(recipe.ops) + 1,
-                "sampling_session_seq_id": sampler.session.next_sampler_seq,
-            }
-            sampler.session.next_sampler_seq += 1
-            ticket = await up.call("POST", "save_weights_for_sampler", save)
-            answer = await self.await_trainer(up, str(ticket["request_id"]))
-            if "error" in answer:
-                raise Refused(400, "FAILED_PRECONDITION", f"remaking: {answer['error']}")
-            with contextlib.suppress(PlatformError):
-                await up.call("POST", "unload_model", {"model_id": scratch})
-        except PlatformError as exc:
-            if exc.status_code and 400 <= exc.status_code < 500:
-                raise await self.refusal(up, exc) from None
-            raise
-        if not self.live(up):
-            raise Detached("remake a sampler")
-        sampler.trainer_id = str(answer["sampling_session_id"])
-        sampler.gen = self.gen
-        self.ids.learn(sampler.trainer_id, sampler.program_id)
-        log.info("proxy.sampler_remade", sampler=sampler.program_id, ops=len(recipe.ops))
-
-    async def _made(self, up: Upstream, kind: str, body: dict[str, Any], default: str) -> str:
-        """A scratch model made by ``kind`` (create_model or load_weights): its trainer id."""
-        ticket = await up.call("POST", kind, body)
-        answer = await self.await_trainer(up, str(ticket["request_id"]))
-        if "error" in answer:
-            raise Refused(400, "FAILED_PRECONDITION", f"remaking: {answer['error']}")
-        return str(answer.get("model_id") or default)
-
-    async def send_sample(self, op: Op, up: Upstream) -> None:
-        sampler = op.sampler
-        for attempt in range(2):
-            body = dict(op.body)
-            if sampler is not None:
-                # Live on this trainer, or made again here; a sampler that cannot be made
-                # again is refused with its reason (never sent under the program's id).
-                await self.ensure_sampler(sampler, up)
-                body["sampling_session_id"] = sampler.trainer_id
-            if isinstance(body.get("model_path"), str):
-                body["model_path"] = self.ids.trainer_path(body["model_path"])
-            try:
-                ticket = await up.call("POST", "asample", body)
-                break
-            except PlatformError as exc:
-                if not (exc.status_code and 400 <= exc.status_code < 500):
-                    raise
-                refused = await self.refusal(up, exc)
-                evicted = isinstance(refused, Refused) and _NOT_HERE in refused.message
-                if evicted and sampler is not None and sampler.kind != "snapshot" and not attempt:
-                    # The trainer let the sampler go (it keeps the most recently used few):
-                    # made again as on a new trainer, once.
-                    sampler.trainer_id, sampler.gen = None, 0
-                    continue
-                raise refused from None
-        if not self.live(up):
-            raise Detached("asample")
-        op.trainer_sequence_ids = [str(s) for s in ticket.get("sample_sequence_ids") or []]
-        self.ids.learn(str(ticket["request_id"]), op.request_id)
-        self._polling(op, up, str(ticket["request_id"]))
 
 
 def job_step(model: Model) -> int:

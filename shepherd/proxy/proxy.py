@@ -13,6 +13,7 @@ import structlog
 
 from shepherd.models import CheckpointRecord
 from shepherd.platform import PlatformClient
+from shepherd.proxy import samplers
 from shepherd.proxy.api import ProgramApi
 from shepherd.proxy.app import HttpServer, create_app
 from shepherd.proxy.core import Core, job_step
@@ -137,7 +138,7 @@ class ProgramProxy:
                         await stack.enter_async_context(model.cond)
                     core.begin(up)
                     await core.restore_models(up, models, result)
-                await core.restore_samples(up, result)
+                await samplers.resend_waiting(core, up, result)
             except TrainerGone as exc:
                 core.lose(up, exc)
                 raise ProxyError(

@@ -14,6 +14,7 @@ from shepherd.models import CheckpointRecord
 from shepherd.proxy import ids
 from shepherd.proxy.core import Core, needs_redo
 from shepherd.proxy.ids import IdMap
+from shepherd.proxy.samplers import add as add_sampler
 from shepherd.proxy.settings import (
     DEDUPE_WINDOW,
     MAX_KEPT_RESULTS,
@@ -254,7 +255,7 @@ def test_a_snapshot_leaving_the_log_is_made_from_the_checkpoint_its_start_or_los
     for name, snap in (("first", first), ("middle", middle), ("same", same)):
         sampler = Sampler(name, session, "snapshot", model=model, snap_op=snap)
         snap.sampler = sampler
-        core.add_sampler(sampler)
+        add_sampler(core, sampler)
     model.pending.append(_checkpoint(model))
     core.truncate(model)
     samplers = core.samplers
@@ -277,7 +278,7 @@ def test_a_snapshot_leaving_the_log_is_made_from_the_checkpoint_its_start_or_los
     _logged(core, loaded, "optim_step")
     sampler = Sampler("loaded", session, "snapshot", model=loaded, snap_op=snap)
     snap.sampler = sampler
-    core.add_sampler(sampler)
+    add_sampler(core, sampler)
     loaded.pending.append(_checkpoint(loaded))
     core.truncate(loaded)
     assert sampler.lost is None and sampler.kind == "remade" and sampler.recipe is not None
@@ -299,7 +300,7 @@ def test_only_the_most_recently_used_snapshots_keep_their_recipes() -> None:
         snap = _logged(core, model, "save_weights_for_sampler")
         sampler = Sampler(f"s{step}", session, "snapshot", model=model, snap_op=snap)
         snap.sampler = sampler
-        core.add_sampler(sampler)
+        add_sampler(core, sampler)
         snaps.append(sampler)
     _logged(core, model, "forward_backward")
     _logged(core, model, "optim_step")
