@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shepherd.platform import PlatformError
-from shepherd.proxy import ids, samplers
+from shepherd.proxy import ids, restore, samplers
 from shepherd.proxy.core import SAVE_ADDRESSING, Core, NoTrainer, Refused
 from shepherd.proxy.settings import SEQ_GAP_HOLD_S
 from shepherd.proxy.state import Model, Op, Sampler, Session
@@ -276,7 +276,7 @@ class ProgramApi:
             assert up is not None
             async with model.cond:
                 try:
-                    await core.ensure_model(model, up)
+                    await restore.ensure_model(core, model, up)
                 except Refused as exc:
                     model.create.fail(exc.message, "user")
                     model.broken = exc.message
@@ -290,7 +290,7 @@ class ProgramApi:
 
         async def go(up: Upstream) -> Any:
             async with model.cond:
-                await self.core.ensure_model(model, up)
+                await restore.ensure_model(self.core, model, up)
             if model.broken is not None:
                 raise _precondition(model.broken)
             try:
@@ -429,7 +429,7 @@ class ProgramApi:
             up = core.up
             try:
                 if up is not None and not up.closed:
-                    await core.ensure_model(model, up)
+                    await restore.ensure_model(core, model, up)
                     if model.broken is not None:
                         op.fail(model.broken, "user")
                         return

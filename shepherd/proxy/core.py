@@ -283,131 +283,7 @@ class Core:
             model.pending.clear()
         log.info("proxy.detached", trainer_job_id=up.trainer_job_id, reason=reason)
 
-    async def restore_models(self, up: Upstream, models: list[Model], result: AttachResult) -> None:
-        """Materialize ``models`` on ``up`` (the caller holds each one's ``cond``). A model
-        the trainer refuses to make again (its checkpoint was deleted meanwhile, say) is
-        broken: the program's next request for it is answered with the reason."""
-        for model in models:
-            try:
-                await self.ensure_model(model, up, result)
-            except Refused as exc:
-                model.broken = f"model {model.program_id} could not be restored: {exc.message}"
-                log.error("proxy.restore_refused", model=model.program_id, error=exc.message[:500])
-
-    # ------------------------------------------------------------------ sessions
-
-    async def trainer_session(self, session: Session, up: Upstream) -> str:
-        async with session.lock:
-            if session.gen == self.gen and session.trainer_id is not None:
-                return session.trainer_id
-            body = {
-                k: v
-                for k, v in session.body.items()
-                if k in ("tags", "user_metadata", "sdk_version", "display_name", "type")
-            }
-            answer = await up.call("POST", "create_session", body)
-            if not self.live(up):
-                raise Detached("create_session")
-            session.trainer_id = str(answer["session_id"])
-            session.gen = self.gen
-            session.next_model_seq = session.next_sampler_seq = 0
-            self.ids.learn(session.trainer_id, session.program_id)
-            return session.trainer_id
-
-    # -------------------------------------------------------------------- models
-
-    async def ensure_model(
-        self, model: Model, up: Upstream, result: AttachResult | None = None
-    ) -> None:
-        """Make ``model`` live on ``up`` (caller holds ``model.cond``): from its restore
-        point, or as the program created it; then its redo log, in order, answered."""
-        if model.gen == self.gen and model.trainer_id is not None:
-            return
-        if model.broken is not None or not self.live_model(model):
-            return
-        started = time.monotonic()
-        restoring = model.trainer_id is not None
-        tsession = await self.trainer_session(model.session, up)
-        mseq = model.session.next_model_seq
-        model.session.next_model_seq += 1
-        create = model.create
-        ckpt = model.checkpoint
-        body: dict[str, Any]
-        if ckpt is not None:
-            kind, body = "load_weights", {"path": ckpt.ref, "optimizer": True}
-            metadata = create.body.get("user_metadata")
-            if metadata:
-                body["user_metadata"] = metadata
-        else:
-            kind, body = create.op, dict(create.body)
-            path = body.get("path")
-            if kind == "load_weights" and isinstance(path, str):
-                body["path"] = self.ids.trainer_path(path)
-        body.update({"session_id": tsession, "model_seq_id": mseq})
-        try:
-            ticket = await up.call("POST", kind, body)
-        except PlatformError as exc:
-            if exc.status_code and 400 <= exc.status_code < 500:
-                raise await self.refusal(up, exc) from None
-            raise
-        answer = await self.await_trainer(up, str(ticket["request_id"]))
-        if "error" in answer:
-            message = f"{kind} on the trainer failed: {answer['error']}"
-            if ckpt is None:
-                create.fail(str(answer["error"]), str(answer.get("category") or "user"))
-            model.broken = message
-            log.error("proxy.model_failed", model=model.program_id, error=message[:500])
-            return
-        model.trainer_id = str(answer.get("model_id") or ids.model_id(tsession, mseq))
-        model.gen = self.gen
-        model.next_tseq = 1
-        self.ids.learn_run(model.trainer_id, model.program_id)
-        info = await self.model_info(model, up)
-        if model.step_base is None:
-            # A model the program loaded from a checkpoint counts on from its step (when
-            # the trainer says which: localplane's get_info does).
-            steps = info.get("optim_steps")
-            model.step_base = steps if isinstance(steps, int) else 0
-        create.resolve(
-            {"type": create.op, "model_id": model.program_id, "path": create.body.get("path")}
-            if create.op == "load_weights"
-            else {"type": "create_model", "model_id": model.program_id}
-        )
-        if not restoring or result is None:
-            await self.redo(model, up, None)
-            return
-        result.models_restored += 1
-        digests: list[bool] = []
-        if ckpt is not None and self.is_followed(model):
-            result.restored_from = ckpt.record
-            result.checkpoint_digest = info.get("weights_digest")
-            digests += self._digest_matches(ckpt.step, result.checkpoint_digest)
-        redo_started = time.monotonic()
-        await self.redo(model, up, result)
-        result.redo_seconds += time.monotonic() - redo_started
-        if self.is_followed(model):
-            after = await self.model_info(model, up)
-            result.weights_digest = after.get("weights_digest")
-            digests += self._digest_matches(job_step(model), result.weights_digest)
-            result.digests_match = all(digests) if digests else None
-        log.info(
-            "proxy.model_restored",
-            model=model.program_id,
-            trainer_model=model.trainer_id,
-            checkpoint=ckpt.name if ckpt else None,
-            redo=len(model.redo),
-            step=job_step(model),
-            seconds=round(time.monotonic() - started, 3),
-            digests_match=result.digests_match,
-        )
-
-    def _digest_matches(self, step: int, digest: str | None) -> list[bool]:
-        known = self.progress.digests.get(step)
-        if digest is None or known is None:
-            return []
-        if digest != known:
-            log.error("proxy.digest_mismatch", step=step, expected=known, got=digest)
-        return [digest == known]
+    # ---------------------------------------------------------- trainer answers
 
     async def model_info(self, model: Model, up: Upstream) -> dict[str, Any]:
         answer = await up.call("POST", "get_info", {"model_id": model.trainer_id})
@@ -933,8 +809,6 @@ class Core:
     def _pinned(self) -> set[int]:
         """Operations a remade snapshot's recipe needs (kept out of release)."""
         return {id(op) for s in self.samplers.values() if s.recipe for op in s.recipe.ops}
-
-    # ------------------------------------------------------------------ samplers
 
 
 def job_step(model: Model) -> int:

@@ -13,7 +13,7 @@ import structlog
 
 from shepherd.models import CheckpointRecord
 from shepherd.platform import PlatformClient
-from shepherd.proxy import samplers
+from shepherd.proxy import restore, samplers
 from shepherd.proxy.api import ProgramApi
 from shepherd.proxy.app import HttpServer, create_app
 from shepherd.proxy.core import Core, job_step
@@ -137,7 +137,7 @@ class ProgramProxy:
                     for model in models:
                         await stack.enter_async_context(model.cond)
                     core.begin(up)
-                    await core.restore_models(up, models, result)
+                    await restore.restore_models(core, up, models, result)
                 await samplers.resend_waiting(core, up, result)
             except TrainerGone as exc:
                 core.lose(up, exc)
@@ -227,7 +227,7 @@ class ProgramProxy:
         """After what is in flight for ``model`` (caller holds its ``cond``), its restore
         point holds its current weights: a checkpoint is taken unless it already does."""
         core = self._core
-        await core.ensure_model(model, up)
+        await restore.ensure_model(core, model, up)
         if model.broken is not None:
             return
         in_flight = [op for op in model.redo if op.gen == core.gen]

@@ -15,7 +15,7 @@ from typing import Any
 import structlog
 
 from shepherd.platform import PlatformError
-from shepherd.proxy import ids
+from shepherd.proxy import ids, restore
 from shepherd.proxy.core import NOT_HERE, Core, Refused, endpoint
 from shepherd.proxy.events import AttachResult
 from shepherd.proxy.settings import MAX_SAMPLERS
@@ -52,7 +52,7 @@ async def ensure(core: Core, sampler: Sampler, up: Upstream) -> None:
         model = sampler.model
         assert model is not None
         async with model.cond:
-            await core.ensure_model(model, up)
+            await restore.ensure_model(core, model, up)
         if sampler.gen != core.gen and core.live(up):
             # The snapshot's save was refused or failed in the redo.
             raise Refused(
@@ -64,7 +64,7 @@ async def ensure(core: Core, sampler: Sampler, up: Upstream) -> None:
     async with sampler.lock:
         if sampler.gen == core.gen and sampler.trainer_id is not None:
             return
-        tsession = await core.trainer_session(sampler.session, up)
+        tsession = await restore.ensure_session(core, sampler.session, up)
         seq = sampler.session.next_sampler_seq
         sampler.session.next_sampler_seq += 1
         body: dict[str, Any] = {"session_id": tsession, "sampling_session_seq_id": seq}
@@ -149,7 +149,7 @@ async def _remake(core: Core, sampler: Sampler, up: Upstream) -> None:
     recipe = sampler.recipe
     if recipe is None:
         raise Refused(400, "FAILED_PRECONDITION", f"sampler {sampler.program_id}: no recipe")
-    tsession = await core.trainer_session(sampler.session, up)
+    tsession = await restore.ensure_session(core, sampler.session, up)
     mseq = sampler.session.next_model_seq
     sampler.session.next_model_seq += 1
     body: dict[str, Any]
