@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shepherd.platform import PlatformError
-from shepherd.proxy import ids, restore, samplers
+from shepherd.proxy import ids, redo, restore, samplers
 from shepherd.proxy.core import SAVE_ADDRESSING, Core, NoTrainer, Refused
 from shepherd.proxy.settings import SEQ_GAP_HOLD_S
 from shepherd.proxy.state import Model, Op, Sampler, Session
@@ -436,7 +436,7 @@ class ProgramApi:
                     await core.submit(model, op, up)
                 # No await between the submission and the log: its answer cannot be handled
                 # before the log knows it.
-                core.log_op(model, op)
+                redo.log_op(model, op)
                 self._register_snapshot(op)
                 if up is not None and op.op == "optim_step":
                     await core.after_weights_change(model, op, up)
@@ -446,7 +446,7 @@ class ProgramApi:
                 if isinstance(exc, TrainerGone) and up is not None:
                     core.lose(up, exc)
                 if op.lpos is None:  # logged unsent: the restore sends it
-                    core.log_op(model, op)
+                    redo.log_op(model, op)
                     self._register_snapshot(op)
             finally:
                 if op.lpos is not None or model.broken is not None:

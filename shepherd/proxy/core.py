@@ -28,7 +28,6 @@ from shepherd.models import CheckpointRecord
 from shepherd.platform import PlatformClient, PlatformError
 from shepherd.proxy import ids
 from shepherd.proxy.events import (
-    AttachResult,
     CheckpointEvent,
     ProxyEvent,
     ProxyProgress,
@@ -84,18 +83,6 @@ _NO_IDS = frozenset({"forward", "forward_backward", "optim_step", "asample"})
 
 def endpoint(op: Op) -> str:
     return "forward" if op.op == "forward" else op.op
-
-
-def needs_redo(op: Op) -> bool:
-    """Whether a logged operation is sent again after a loss: everything that changes the
-    model's state (gradients, weights, optimizer), snapshots the program may sample from,
-    and whatever the program still waits for. A forward or named save it was answered is
-    not."""
-    if op.op in ("forward_backward", "optim_step", "load_weights"):
-        return True
-    if op.op == "save_weights_for_sampler" and op.body.get("path") is None:
-        return True
-    return not op.done
 
 
 def _loss(op: Op) -> float | None:
@@ -288,32 +275,6 @@ class Core:
     async def model_info(self, model: Model, up: Upstream) -> dict[str, Any]:
         answer = await up.call("POST", "get_info", {"model_id": model.trainer_id})
         return answer if isinstance(answer, dict) else {}
-
-    async def redo(self, model: Model, up: Upstream, result: AttachResult | None) -> None:
-        """Send the model's redo log again, in order; wait for it to be executed."""
-        sent: list[Op] = []
-        again: list[Op] = []
-        for op in list(model.redo):
-            if not needs_redo(op):
-                continue
-            before = op.sends
-            try:
-                await self.submit(model, op, up)
-            except Refused as exc:
-                op.fail(exc.message, "user")
-                model.redo.remove(op)
-                continue
-            sent.append(op)
-            if before:
-                again.append(op)
-            if op.op == "optim_step":
-                await self.after_weights_change(model, op, up)
-        if result is not None:
-            # Redone: sent before (an operation logged while no trainer was attached is
-            # sent here for the first time).
-            result.ops_redone += len(again)
-            result.optimizer_steps_redone += sum(op.op == "optim_step" for op in again)
-        await self.wait_executed(up, sent)
 
     async def wait_executed(self, up: Upstream, ops: Iterable[Op]) -> None:
         """Until the trainer of ``up`` executed every op (raises Detached if it is lost)."""
@@ -638,26 +599,6 @@ class Core:
                     return
         finally:
             model.digest_busy = False
-
-    # ----------------------------------------------------------------- the log
-
-    def log_op(self, model: Model, op: Op) -> None:
-        """``op`` is the model's next operation: into its redo log, with what it means for
-        the model's step and weights."""
-        op.lpos = model.lpos
-        model.lpos += 1
-        model.redo.append(op)
-        if op.op == "forward_backward":
-            model.cur_fbs.append(op)
-        elif op.op == "optim_step":
-            op.fbs, model.cur_fbs = model.cur_fbs, []
-            model.step += 1
-            model.wver += 1
-            op.step_after = model.step
-            model.step_queue.append(op)
-        elif op.op == "load_weights":
-            model.wver += 1
-        op.wver = model.wver
 
     async def after_weights_change(self, model: Model, op: Op, up: Upstream) -> None:
         """After an optim_step is sent (fresh or redone): Shepherd's checkpoint of the

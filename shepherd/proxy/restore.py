@@ -16,7 +16,7 @@ from typing import Any
 import structlog
 
 from shepherd.platform import PlatformError
-from shepherd.proxy import ids
+from shepherd.proxy import ids, redo
 from shepherd.proxy.core import Core, Refused, job_step
 from shepherd.proxy.events import AttachResult
 from shepherd.proxy.state import Model, Session
@@ -97,7 +97,7 @@ async def ensure_model(
         else {"type": "create_model", "model_id": model.program_id}
     )
     if not restoring or result is None:
-        await core.redo(model, up, None)
+        await redo.resend(core, model, up, None)
         return
     result.models_restored += 1
     digests: list[bool] = []
@@ -106,7 +106,7 @@ async def ensure_model(
         result.checkpoint_digest = info.get("weights_digest")
         digests += _digest_matches(core, ckpt.step, result.checkpoint_digest)
     redo_started = time.monotonic()
-    await core.redo(model, up, result)
+    await redo.resend(core, model, up, result)
     result.redo_seconds += time.monotonic() - redo_started
     if core.is_followed(model):
         after = await core.model_info(model, up)

@@ -12,8 +12,9 @@ from pydantic import ValidationError
 
 from shepherd.models import CheckpointRecord
 from shepherd.proxy import ids
-from shepherd.proxy.core import Core, needs_redo
+from shepherd.proxy.core import Core
 from shepherd.proxy.ids import IdMap
+from shepherd.proxy.redo import log_op, needs_redo
 from shepherd.proxy.samplers import add as add_sampler
 from shepherd.proxy.settings import (
     DEDUPE_WINDOW,
@@ -182,7 +183,7 @@ def _core() -> Core:
 
 def _logged(core: Core, model: Model, op: str, *, done: bool = True) -> Op:
     entry = Op(op, {"model_id": model.program_id}, model=model)
-    core.log_op(model, entry)
+    log_op(model, entry)
     if done:
         entry.resolve({})
     return entry
