@@ -70,6 +70,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/determinism.py | tee bench/out/determinism.json
 	$(BIN)/python bench/trainer_memory.py | tee bench/out/trainer_memory.json
 	$(BIN)/python bench/proxy.py | tee bench/out/proxy.json
+	$(BIN)/python bench/history.py | tee bench/out/history.json
 
 # Thousands of queued jobs on 4 slots: hours for the full list (docs/scale.md).
 bench-scale: $(STAMP)
