@@ -18,8 +18,9 @@ Where programs come from:
   or the mapping below);
 * the worker's ``SHEPHERD_PROGRAMS`` environment variable: a JSON object, name ->
   ``{"module": "pkg.mod" | "script": "/abs/file.py", "args": ["k=v", ...],
-  "log_dir_arg": "log_path", "total_steps_arg": "max_steps", "model_arg": "model_name",
-  "env": {"K": "v"}}``.
+  "log_dir_arg": "log_path", "total_steps_arg": "max_steps", "substeps_arg": "num_substeps",
+  "model_arg": "model_name", "env": {"K": "v"}, "metrics_file": "metrics.jsonl",
+  "metrics": ["env/all/reward/total"]}``.
 
 A tinker-cookbook recipe registered by hand (``"module": "tinker_cookbook.recipes..."``) whose
 config has a ``behavior_if_log_dir_exists`` field gets ``behavior_if_log_dir_exists=resume``
@@ -90,6 +91,10 @@ class Program:
     log_dir_arg: str | None = None
     #: The ``key`` whose value is the program's total of optimizer steps, if any.
     total_steps_arg: str | None = None
+    #: The ``key`` whose value is how many optimizer steps the program takes per unit of
+    #: ``total_steps_arg``, when that counts something else (batches): the cookbook's RL
+    #: ``num_substeps``. The job's total is then their product (1 when not given).
+    substeps_arg: str | None = None
     #: The ``key`` whose value names the model the program asks for (the cookbook's
     #: ``model_name``, a Hugging Face name it picks its tokenizer and renderer by): the proxy
     #: takes that name for the trainer's base model (``trainer.base_model``).
@@ -181,14 +186,23 @@ class Program:
         return str(value) if isinstance(value, str) and value else None
 
     def total_steps(self, args: Mapping[str, Any]) -> int | None:
-        """The total its arguments give (the registration's ``total_steps_arg``), if any."""
-        if self.total_steps_arg is None:
+        """The total of optimizer steps its arguments give (the registration's
+        ``total_steps_arg``, times ``substeps_arg`` where it names one), if any."""
+        total = self._int_arg(self.total_steps_arg, args)
+        if total is None:
             return None
-        value = args.get(self.total_steps_arg)
+        substeps = self._int_arg(self.substeps_arg, args)
+        return total * substeps if substeps and substeps > 0 else total
+
+    def _int_arg(self, key: str | None, args: Mapping[str, Any]) -> int | None:
+        """The whole number the job's ``key`` argument (else the registration's) gives."""
+        if key is None:
+            return None
+        value = args.get(key)
         if value is None:
             for fixed in self.args:
-                key, sep, text = fixed.partition("=")
-                if sep and key == self.total_steps_arg:
+                name, sep, text = fixed.partition("=")
+                if sep and name == key:
                     value = text
         try:
             return int(value) if value is not None and not isinstance(value, bool) else None
@@ -221,6 +235,7 @@ class Program:
             "args",
             "log_dir_arg",
             "total_steps_arg",
+            "substeps_arg",
             "model_arg",
             "env",
             "description",
@@ -251,6 +266,7 @@ class Program:
             args=tuple(args),
             log_dir_arg=data.get("log_dir_arg"),
             total_steps_arg=data.get("total_steps_arg"),
+            substeps_arg=data.get("substeps_arg"),
             model_arg=data.get("model_arg"),
             env=dict(env),
             description=str(data.get("description", "")),
@@ -286,7 +302,9 @@ def _cookbook() -> dict[str, Program]:
             module="tinker_cookbook.recipes.math_rl.train",
             args=(resume,),
             log_dir_arg="log_path",
+            # max_steps counts batches; each is num_substeps optimizer steps.
             total_steps_arg="max_steps",
+            substeps_arg="num_substeps",
             model_arg="model_name",
             description="tinker-cookbook: RL on math problems (math_rl; env=arithmetic offline)",
             metrics=("env/all/reward/total",),

@@ -362,3 +362,24 @@ def test_a_cookbook_recipe_that_always_asks_is_refused_before_anything_runs(
     [problem] = refused.value.problems
     assert problem.field == "training.program"
     assert "asks on its stdin" in problem.rule and "chat_sl.train" in problem.rule
+
+
+def test_a_total_in_batches_is_counted_in_optimizer_steps() -> None:
+    """math_rl's max_steps counts batches, each num_substeps optimizer steps: the job's total
+    is their product (the registration says which argument is which)."""
+    rl = programs.Program(
+        name="rl",
+        module="pkg.rl",
+        total_steps_arg="max_steps",
+        substeps_arg="num_substeps",
+        args=("num_substeps=3",),
+    )
+    assert rl.total_steps({"max_steps": 5}) == 15  # the registration's substeps
+    assert rl.total_steps({"max_steps": 5, "num_substeps": 2}) == 10  # the job's own
+    assert rl.total_steps({}) is None
+    plain = programs.Program(name="sl", module="pkg.sl", total_steps_arg="max_steps")
+    assert plain.total_steps({"max_steps": "7"}) == 7
+    mapped = programs.Program.from_mapping(
+        "byhand", {"module": "pkg.rl", "total_steps_arg": "max_steps", "substeps_arg": "k"}
+    )
+    assert mapped.total_steps({"max_steps": 4, "k": 2}) == 8
