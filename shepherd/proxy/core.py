@@ -76,19 +76,18 @@ _STATE_OPS = frozenset({"forward_backward", "optim_step", "load_weights"})
 NOT_HERE = "is not on this trainer"
 
 
-#: Results that name no id (metrics, per-token outputs, samples): passed on as they are,
-#: without a walk through every number in them.
-_NO_IDS = frozenset({"forward", "forward_backward", "optim_step", "asample"})
-
-
 def endpoint(op: Op) -> str:
     return "forward" if op.op == "forward" else op.op
 
 
-def _loss(op: Op) -> float | None:
+def loss_of(op: Op) -> float | None:
     result = op.result or op.trainer_result or {}
     value = (result.get("metrics") or {}).get("loss:sum")
     return float(value) if isinstance(value, int | float) else None
+
+
+#: What becomes of the trainer's answer to an operation (:func:`.answers.settle`).
+Settle = Callable[["Core", Op, dict[str, Any]], None]
 
 
 class Core:
@@ -99,10 +98,12 @@ class Core:
         platform: PlatformClient,
         settings: ProxySettings,
         emit: Callable[[ProxyEvent], None],
+        settle: Settle,
     ) -> None:
         self.platform = platform
         self.settings = settings
         self._emit = emit
+        self._settle = settle
         self.progress = ProxyProgress()
         self.ids = IdMap(store=Path(settings.state_dir) / IDS_FILE if settings.state_dir else None)
         self.futures = FutureTable()
@@ -377,7 +378,7 @@ class Core:
         }
         return out
 
-    def _keep_sequences(self, op: Op, answer: dict[str, Any]) -> None:
+    def keep_sequences(self, op: Op, answer: dict[str, Any]) -> None:
         """The log-probabilities of sequences sampled for provenance (their program ids),
         newest kept, within :data:`MAX_KEPT_SEQUENCE_TOKENS`."""
         for i, seq in enumerate(answer.get("sequences") or []):
@@ -428,6 +429,8 @@ class Core:
         self.watch(op, up, str(ticket["request_id"]))
 
     def watch(self, op: Op, up: Upstream, trainer_request_id: str) -> None:
+        """``op`` was sent to the trainer of ``up`` as its ``trainer_request_id``: a poller of
+        this generation waits for the answer and settles it (``settle``: :mod:`.answers`)."""
         op.gen = self.gen
         op.trainer_request_id = trainer_request_id
         op.executed = asyncio.Event()
@@ -451,79 +454,9 @@ class Core:
             answer = {"error": f"retrieving the result failed: {exc}", "category": "server"}
         if op.gen != self.gen or not self.live(up):
             return
-        self.settle(op, answer)
+        self._settle(self, op, answer)
 
-    # ------------------------------------------------------------------- outcomes
-
-    def settle(self, op: Op, answer: dict[str, Any]) -> None:
-        """The trainer's outcome of ``op`` in this generation."""
-        ok = "error" not in answer
-        op.outcome_ok = ok
-        op.trainer_result = answer if ok else None
-        first = not op.done
-        if first and not op.internal:
-            self.progress.answered_at = time.monotonic()
-        if ok:
-            program = self.program_result(op, answer)
-            if first:
-                self._digest_before_answer(op)
-                op.resolve(program)
-            elif op.op == "forward_backward" and _loss(op) is not None:
-                redone = (answer.get("metrics") or {}).get("loss:sum")
-                if op.result is not None and redone != (op.result.get("metrics") or {}).get(
-                    "loss:sum"
-                ):
-                    log.error("proxy.redo_diverged", op=op.op, seq=op.seq, loss=redone)
-        else:
-            category = str(answer.get("category") or "unknown")
-            op.fail(str(answer.get("error")), category)
-            if op.internal or op.op == "optim_step":
-                log.error("proxy.operation_failed", op=op.op, error=str(answer.get("error"))[:500])
-        op.executed.set()
-        if op.op == "asample":
-            if ok and first and op.body.get("record_stability_info"):
-                self._keep_sequences(op, answer)
-            self.oneoff.pop(op.request_id, None)
-            if op.sampler is not None:
-                op.sampler.pending.pop(op.request_id, None)
-        model = op.model
-        if model is not None:
-            self._after_settled(model, op)
-
-    def program_result(self, op: Op, answer: dict[str, Any]) -> dict[str, Any]:
-        """The trainer's answer as the program must see it (its own ids and paths)."""
-        if op.op in _NO_IDS:
-            return answer
-        model = op.model
-        if op.op in ("save_weights", "save_weights_for_sampler") and model is not None:
-            trainer_path = answer.get("path")
-            name = op.body.get("path")
-            if isinstance(trainer_path, str) and isinstance(name, str):
-                parts = ids.split_path(trainer_path)
-                kind = parts[1] if parts else "weights"
-                # A path the program may also build from its model id resolves too.
-                self.ids.learn_path(f"{ids.TINKER}{model.program_id}/{kind}/{name}", trainer_path)
-                self.ids.learn_path(name, trainer_path)  # a bare name, across trainer jobs
-                # The program gets the platform's own path: a checkpoint outlives its trainer
-                # and its job, so the path works in any job of the account (a teacher, a
-                # reference, a resume_from), after this one ended, with or without Shepherd.
-                return {**self.ids.program_value(answer), "path": trainer_path}
-            tsampler = answer.get("sampling_session_id")
-            if isinstance(tsampler, str) and op.sampler is not None:
-                self.ids.learn(tsampler, op.sampler.program_id)
-                op.sampler.trainer_id, op.sampler.gen = tsampler, self.gen
-                return {**answer, "path": None, "sampling_session_id": op.sampler.program_id}
-        if op.op == "load_weights":
-            return {**self.ids.program_value(answer), "path": op.body.get("path")}
-        return self.ids.program_value(answer)
-
-    def _after_settled(self, model: Model, op: Op) -> None:
-        if op.internal:
-            self._checkpoint_settled(model)
-        elif op.op in ("optim_step", "forward_backward"):
-            self._flush_steps(model)
-
-    def _flush_steps(self, model: Model) -> None:
+    def flush_steps(self, model: Model) -> None:
         """Step events, in order, for every optim_step answered with its forward_backwards."""
         up = self.up
         while model.step_queue:
@@ -533,7 +466,7 @@ class Core:
             model.step_queue.pop(0)
             if op.error is not None or op.step_after is None or not self.is_followed(model):
                 continue
-            losses = [x for x in (_loss(fb) for fb in op.fbs) if x is not None]
+            losses = [x for x in (loss_of(fb) for fb in op.fbs) if x is not None]
             loss = sum(losses) / len(losses) if losses else None
             step = (model.step_base or 0) + op.step_after
             if step <= self.progress.step:
@@ -555,7 +488,7 @@ class Core:
                 )
             )
 
-    def _digest_before_answer(self, op: Op) -> None:
+    def digest_before_answer(self, op: Op) -> None:
         """An applied optimizer step's weights digest is asked for before its answer is
         released to the program (the fetch is scheduled first): asked after, a pipelining
         program's next optim_step can reach the trainer first, this step's digest is never
@@ -655,7 +588,7 @@ class Core:
             log.error("proxy.checkpoint_refused", name=name, error=exc.message[:500])
         return ckpt
 
-    def _checkpoint_settled(self, model: Model) -> None:
+    def checkpoint_settled(self, model: Model) -> None:
         for ckpt in list(model.pending):
             if ckpt.failed:
                 model.pending.remove(ckpt)

@@ -13,7 +13,7 @@ import structlog
 
 from shepherd.models import CheckpointRecord
 from shepherd.platform import PlatformClient
-from shepherd.proxy import restore, samplers
+from shepherd.proxy import answers, restore, samplers
 from shepherd.proxy.api import ProgramApi
 from shepherd.proxy.app import HttpServer, create_app
 from shepherd.proxy.core import Core, job_step
@@ -52,7 +52,7 @@ class ProgramProxy:
         self._data_plane = platform.open_data_plane()
         self._on_event = on_event
         self._events: asyncio.Queue[ProxyEvent] = asyncio.Queue()
-        self._core = Core(platform, settings, self._events.put_nowait)
+        self._core = Core(platform, settings, self._events.put_nowait, answers.settle)
         self._api = ProgramApi(self._core)
         self._server = HttpServer(create_app(self._api, self.api_key))
         self._attach_lock = asyncio.Lock()

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from shepherd.models import CheckpointRecord
 from shepherd.proxy import ids
+from shepherd.proxy.answers import settle
 from shepherd.proxy.core import Core
 from shepherd.proxy.ids import IdMap
 from shepherd.proxy.redo import log_op, needs_redo
@@ -178,7 +179,7 @@ def test_json_bodies_carry_no_arrays() -> None:
 
 
 def _core() -> Core:
-    return Core(None, _settings(), lambda event: None)  # type: ignore[arg-type]
+    return Core(None, _settings(), lambda event: None, settle)  # type: ignore[arg-type]
 
 
 def _logged(core: Core, model: Model, op: str, *, done: bool = True) -> Op:
