@@ -13,8 +13,8 @@ from typing import Any
 
 import structlog
 
-from shepherd.proxy import ids
-from shepherd.proxy.core import Core, loss_of
+from shepherd.proxy import ids, steps
+from shepherd.proxy.core import Core
 from shepherd.proxy.state import Model, Op
 
 log = structlog.stdlib.get_logger("shepherd.proxy")
@@ -35,9 +35,9 @@ def settle(core: Core, op: Op, answer: dict[str, Any]) -> None:
     if ok:
         program = program_result(core, op, answer)
         if first:
-            core.digest_before_answer(op)
+            steps.digest_before_answer(core, op)
             op.resolve(program)
-        elif op.op == "forward_backward" and loss_of(op) is not None:
+        elif op.op == "forward_backward" and steps.loss_of(op) is not None:
             redone = (answer.get("metrics") or {}).get("loss:sum")
             if op.result is not None and redone != (op.result.get("metrics") or {}).get("loss:sum"):
                 log.error("proxy.redo_diverged", op=op.op, seq=op.seq, loss=redone)
@@ -90,4 +90,4 @@ def _after_settled(core: Core, model: Model, op: Op) -> None:
     if op.internal:
         core.checkpoint_settled(model)
     elif op.op in ("optim_step", "forward_backward"):
-        core.flush_steps(model)
+        steps.flush(core, model)

@@ -31,7 +31,6 @@ from shepherd.proxy.events import (
     CheckpointEvent,
     ProxyEvent,
     ProxyProgress,
-    StepEvent,
     TrainerLostEvent,
 )
 from shepherd.proxy.ids import IdMap
@@ -80,12 +79,6 @@ def endpoint(op: Op) -> str:
     return "forward" if op.op == "forward" else op.op
 
 
-def loss_of(op: Op) -> float | None:
-    result = op.result or op.trainer_result or {}
-    value = (result.get("metrics") or {}).get("loss:sum")
-    return float(value) if isinstance(value, int | float) else None
-
-
 #: What becomes of the trainer's answer to an operation (:func:`.answers.settle`).
 Settle = Callable[["Core", Op, dict[str, Any]], None]
 
@@ -102,7 +95,7 @@ class Core:
     ) -> None:
         self.platform = platform
         self.settings = settings
-        self._emit = emit
+        self.emit = emit
         self._settle = settle
         self.progress = ProxyProgress()
         self.ids = IdMap(store=Path(settings.state_dir) / IDS_FILE if settings.state_dir else None)
@@ -122,7 +115,9 @@ class Core:
         self._tasks: set[asyncio.Task[Any]] = set()
         #: The current generation's pollers (cancelled when it ends).
         self._pollers: set[asyncio.Task[Any]] = set()
-        self._digests = settings.record_digests
+        #: Whether the trainer is asked for the job's model's weights digests (no more once
+        #: it reports none).
+        self.ask_digests = settings.record_digests
         self._emitted: set[str] = set()
         self._shepherd_names = ids.shepherd_checkpoint(settings.checkpoint_prefix)
         #: Sampled sequences' log-probabilities, by the program's sequence id (spans).
@@ -249,7 +244,7 @@ class Core:
             return
         self.progress.trainer_losses += 1
         log.warning("proxy.trainer_lost", trainer_job_id=up.trainer_job_id, reason=exc.reason)
-        self._emit(
+        self.emit(
             TrainerLostEvent(trainer_job_id=up.trainer_job_id, reason=exc.reason, state=exc.state)
         )
         self.detach(f"trainer lost: {exc.reason}")
@@ -456,83 +451,6 @@ class Core:
             return
         self._settle(self, op, answer)
 
-    def flush_steps(self, model: Model) -> None:
-        """Step events, in order, for every optim_step answered with its forward_backwards."""
-        up = self.up
-        while model.step_queue:
-            op = model.step_queue[0]
-            if not op.done or not all(fb.done for fb in op.fbs):
-                return
-            model.step_queue.pop(0)
-            if op.error is not None or op.step_after is None or not self.is_followed(model):
-                continue
-            losses = [x for x in (loss_of(fb) for fb in op.fbs) if x is not None]
-            loss = sum(losses) / len(losses) if losses else None
-            step = (model.step_base or 0) + op.step_after
-            if step <= self.progress.step:
-                continue  # reported before the loss; the redo answered it again
-            self.progress.step = step
-            if loss is not None:
-                self.progress.record_loss(step, loss)
-            metrics = {
-                k: float(v)
-                for k, v in ((op.result or {}).get("metrics") or {}).items()
-                if isinstance(v, int | float)
-            }
-            self._emit(
-                StepEvent(
-                    step=step,
-                    loss=loss,
-                    metrics=metrics,
-                    trainer_job_id=up.trainer_job_id if up else "",
-                )
-            )
-
-    def digest_before_answer(self, op: Op) -> None:
-        """An applied optimizer step's weights digest is asked for before its answer is
-        released to the program (the fetch is scheduled first): asked after, a pipelining
-        program's next optim_step can reach the trainer first, this step's digest is never
-        taken, and a restore from this step has nothing to verify against. It costs the
-        step's answer ~1 ms, only on trainers that report digests (localplane)."""
-        model, up = op.model, self.up
-        if (
-            op.op == "optim_step"
-            and self._digests
-            and up is not None
-            and model is not None
-            and self.is_followed(model)
-            and op.gen == self.gen
-        ):
-            self._want_digest(model, up)
-
-    def _want_digest(self, model: Model, up: Upstream) -> None:
-        if model.digest_busy:
-            model.digest_again = True
-            return
-        model.digest_busy = True
-        self.spawn(self._fetch_digest(model, up), "digest")
-
-    async def _fetch_digest(self, model: Model, up: Upstream) -> None:
-        try:
-            while True:
-                model.digest_again = False
-                if not self.live(up) or model.gen != self.gen:
-                    return
-                try:
-                    info = await self.model_info(model, up)
-                except (Detached, TrainerGone, PlatformError):
-                    return
-                digest, steps = info.get("weights_digest"), info.get("optim_steps")
-                if not isinstance(digest, str):
-                    self._digests = False  # this trainer reports none: stop asking
-                    return
-                if isinstance(steps, int) and model.gen == self.gen:
-                    self.progress.record_digest(steps, digest)
-                if not model.digest_again:
-                    return
-        finally:
-            model.digest_busy = False
-
     async def after_weights_change(self, model: Model, op: Op, up: Upstream) -> None:
         """After an optim_step is sent (fresh or redone): Shepherd's checkpoint of the
         weights it makes, when one is due."""
@@ -600,7 +518,7 @@ class Core:
                 if self.is_followed(model):
                     self.progress.checkpoints.append(ckpt.record)
                     del self.progress.checkpoints[:-PROGRESS_HISTORY]
-                    self._emit(CheckpointEvent(record=ckpt.record))
+                    self.emit(CheckpointEvent(record=ckpt.record))
         self.truncate(model)
 
     def truncate(self, model: Model) -> None:
@@ -683,11 +601,6 @@ class Core:
     def _pinned(self) -> set[int]:
         """Operations a remade snapshot's recipe needs (kept out of release)."""
         return {id(op) for s in self.samplers.values() if s.recipe for op in s.recipe.ops}
-
-
-def job_step(model: Model) -> int:
-    """The model's step as the job counts it."""
-    return (model.step_base or 0) + model.step
 
 
 class NoTrainer(Exception):

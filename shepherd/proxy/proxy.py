@@ -16,10 +16,11 @@ from shepherd.platform import PlatformClient
 from shepherd.proxy import answers, restore, samplers
 from shepherd.proxy.api import ProgramApi
 from shepherd.proxy.app import HttpServer, create_app
-from shepherd.proxy.core import Core, job_step
+from shepherd.proxy.core import Core
 from shepherd.proxy.events import AttachResult, ProxyEvent, ProxyProgress
 from shepherd.proxy.settings import SWEEP_EVERY_S, ProxySettings
 from shepherd.proxy.state import Model
+from shepherd.proxy.steps import job_step
 from shepherd.proxy.upstream import Detached, TrainerGone, Upstream
 
 log = structlog.stdlib.get_logger("shepherd.proxy")

@@ -17,9 +17,10 @@ import structlog
 
 from shepherd.platform import PlatformError
 from shepherd.proxy import ids, redo
-from shepherd.proxy.core import Core, Refused, job_step
+from shepherd.proxy.core import Core, Refused
 from shepherd.proxy.events import AttachResult
 from shepherd.proxy.state import Model, Session
+from shepherd.proxy.steps import job_step
 from shepherd.proxy.upstream import Detached, Upstream
 
 log = structlog.stdlib.get_logger("shepherd.proxy")
