@@ -13,7 +13,7 @@ from typing import Any
 
 import structlog
 
-from shepherd.proxy import ids, steps
+from shepherd.proxy import checkpoints, ids, steps
 from shepherd.proxy.core import Core
 from shepherd.proxy.state import Model, Op
 
@@ -88,6 +88,6 @@ def program_result(core: Core, op: Op, answer: dict[str, Any]) -> dict[str, Any]
 
 def _after_settled(core: Core, model: Model, op: Op) -> None:
     if op.internal:
-        core.checkpoint_settled(model)
+        checkpoints.settled(core, model)
     elif op.op in ("optim_step", "forward_backward"):
         steps.flush(core, model)

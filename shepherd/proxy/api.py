@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shepherd.platform import PlatformError
-from shepherd.proxy import ids, redo, restore, samplers
+from shepherd.proxy import checkpoints, ids, redo, restore, samplers
 from shepherd.proxy.core import SAVE_ADDRESSING, Core, NoTrainer, Refused
 from shepherd.proxy.settings import SEQ_GAP_HOLD_S
 from shepherd.proxy.state import Model, Op, Sampler, Session
@@ -439,7 +439,7 @@ class ProgramApi:
                 redo.log_op(model, op)
                 self._register_snapshot(op)
                 if up is not None and op.op == "optim_step":
-                    await core.after_weights_change(model, op, up)
+                    await checkpoints.issue_if_due(core, model, op, up)
             except Refused as exc:
                 raise ProgramError.of(exc) from None
             except (TrainerGone, Detached) as exc:
@@ -633,12 +633,12 @@ class ProgramApi:
         answer = self.core.ids.program_value(
             await self._direct("GET", f"training_runs/{trainer_runs[-1]}")
         )
-        checkpoints = await self._merged_checkpoints(run, trainer_runs)
+        merged = await self._merged_checkpoints(run, trainer_runs)
         answer["last_checkpoint"] = next(
-            (x for x in reversed(checkpoints) if x.get("checkpoint_type") == "training"), None
+            (x for x in reversed(merged) if x.get("checkpoint_type") == "training"), None
         )
         answer["last_sampler_checkpoint"] = next(
-            (x for x in reversed(checkpoints) if x.get("checkpoint_type") == "sampler"), None
+            (x for x in reversed(merged) if x.get("checkpoint_type") == "sampler"), None
         )
         return answer
 

@@ -24,11 +24,9 @@ from typing import Any
 
 import structlog
 
-from shepherd.models import CheckpointRecord
 from shepherd.platform import PlatformClient, PlatformError
 from shepherd.proxy import ids
 from shepherd.proxy.events import (
-    CheckpointEvent,
     ProxyEvent,
     ProxyProgress,
     TrainerLostEvent,
@@ -37,9 +35,7 @@ from shepherd.proxy.ids import IdMap
 from shepherd.proxy.settings import (
     IDS_FILE,
     MAX_KEPT_SEQUENCE_TOKENS,
-    MAX_REDO_OPS,
     MAX_REMADE_SNAPSHOTS,
-    PROGRESS_HISTORY,
     ProxySettings,
 )
 from shepherd.proxy.state import (
@@ -118,7 +114,8 @@ class Core:
         #: Whether the trainer is asked for the job's model's weights digests (no more once
         #: it reports none).
         self.ask_digests = settings.record_digests
-        self._emitted: set[str] = set()
+        #: Shepherd's checkpoints reported saved, by name (each is reported once).
+        self.reported_checkpoints: set[str] = set()
         self._shepherd_names = ids.shepherd_checkpoint(settings.checkpoint_prefix)
         #: Sampled sequences' log-probabilities, by the program's sequence id (spans).
         self._sequences: OrderedDict[str, array[float]] = OrderedDict()
@@ -450,101 +447,6 @@ class Core:
         if op.gen != self.gen or not self.live(up):
             return
         self._settle(self, op, answer)
-
-    async def after_weights_change(self, model: Model, op: Op, up: Upstream) -> None:
-        """After an optim_step is sent (fresh or redone): Shepherd's checkpoint of the
-        weights it makes, when one is due."""
-        if op.step_after is None or op.lpos is None or not self.live(up):
-            return
-        step = (model.step_base or 0) + op.step_after
-        due = step % self.settings.checkpoint_every == 0 or len(model.redo) >= MAX_REDO_OPS
-        known = [model.checkpoint, *model.pending]
-        if not due or any(c is not None and c.wver == op.wver and not c.failed for c in known):
-            return
-        await self.issue_checkpoint(model, up, step=step, wver=op.wver, lpos=op.lpos + 1)
-
-    async def issue_checkpoint(
-        self, model: Model, up: Upstream, *, step: int, wver: int, lpos: int
-    ) -> Checkpoint:
-        """Save the model's state (with optimizer: resumable) and its promotable sampler
-        twin, as its next two trainer operations: the weights of version ``wver``, which
-        the operations before log position ``lpos`` made."""
-        name = self.settings.checkpoint_name(step, model.index)
-        if self.account is None:
-            self.account = await self.platform.account_id()
-        job = f"accounts/{self.account}/rlorTrainerJobs/{up.trainer_job_id}"
-        state_op = Op("save_weights", {"model_id": model.program_id, "path": name}, internal=True)
-        sampler_op = Op(
-            "save_weights_for_sampler",
-            {"model_id": model.program_id, "path": f"{name}-sampler"},
-            internal=True,
-        )
-        ckpt = Checkpoint(
-            name=name,
-            step=step,
-            lpos=lpos,
-            wver=wver,
-            trainer_job_id=up.trainer_job_id,
-            state_op=state_op,
-            sampler_op=sampler_op,
-            ref=f"{job}/checkpoints/{name}",
-            record=CheckpointRecord(
-                name=f"{job}/checkpoints/{name}",
-                sampler=f"{job}/checkpoints/{name}-sampler",
-                step=step,
-                trainer_job_id=up.trainer_job_id,
-            ),
-        )
-        for op in (state_op, sampler_op):
-            op.model = model
-        model.pending.append(ckpt)
-        try:
-            await self.submit(model, state_op, up)
-            await self.submit(model, sampler_op, up)
-        except Refused as exc:
-            model.pending.remove(ckpt)
-            log.error("proxy.checkpoint_refused", name=name, error=exc.message[:500])
-        return ckpt
-
-    def checkpoint_settled(self, model: Model) -> None:
-        for ckpt in list(model.pending):
-            if ckpt.failed:
-                model.pending.remove(ckpt)
-                log.error("proxy.checkpoint_failed", name=ckpt.name, step=ckpt.step)
-            elif ckpt.saved and ckpt.name not in self._emitted:
-                self._emitted.add(ckpt.name)
-                ckpt.record = ckpt.record.model_copy(update={"saved_at": None})
-                log.info("proxy.checkpoint_saved", name=ckpt.record.name, step=ckpt.step)
-                if self.is_followed(model):
-                    self.progress.checkpoints.append(ckpt.record)
-                    del self.progress.checkpoints[:-PROGRESS_HISTORY]
-                    self.emit(CheckpointEvent(record=ckpt.record))
-        self.truncate(model)
-
-    def truncate(self, model: Model) -> None:
-        """Make the newest saved checkpoint the restore point once every operation before it
-        was answered: the redo log then starts after it."""
-        while model.pending and model.pending[0].saved:
-            ckpt = model.pending[0]
-            before = [op for op in model.redo if op.lpos is not None and op.lpos < ckpt.lpos]
-            if not all(op.done for op in before):
-                return
-            model.pending.pop(0)
-            # Gradients accumulated since the last weights change are not in a checkpoint
-            # (it holds weights and optimizer state): those forward_backwards stay.
-            last_change = max(
-                (i for i, op in enumerate(before) if op.op in ("optim_step", "load_weights")),
-                default=-1,
-            )
-            keep = [op for op in before[last_change + 1 :] if op.op == "forward_backward"]
-            gone = [op for op in before if op not in keep]
-            model.redo = keep + [op for op in model.redo if op.lpos is None or op.lpos >= ckpt.lpos]
-            prev, model.checkpoint = model.checkpoint, ckpt
-            self._settle_snapshots(model, ckpt, before, gone, prev)
-            pinned = self._pinned()
-            for op in gone:
-                if id(op) not in pinned:  # a snapshot's recipe still needs it
-                    op.release()
 
     def _settle_snapshots(
         self,

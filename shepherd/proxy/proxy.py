@@ -13,7 +13,7 @@ import structlog
 
 from shepherd.models import CheckpointRecord
 from shepherd.platform import PlatformClient
-from shepherd.proxy import answers, restore, samplers
+from shepherd.proxy import answers, checkpoints, restore, samplers
 from shepherd.proxy.api import ProgramApi
 from shepherd.proxy.app import HttpServer, create_app
 from shepherd.proxy.core import Core
@@ -235,16 +235,16 @@ class ProgramProxy:
         in_flight += [c.state_op for c in model.pending]
         in_flight += [c.sampler_op for c in model.pending]
         await core.wait_executed(up, in_flight)
-        core.truncate(model)
+        checkpoints.truncate(core, model)
         current = model.checkpoint
         if current is None or current.wver != model.wver:
-            ckpt = await core.issue_checkpoint(
-                model, up, step=job_step(model), wver=model.wver, lpos=model.lpos
+            ckpt = await checkpoints.issue(
+                core, model, up, step=job_step(model), wver=model.wver, lpos=model.lpos
             )
             await core.wait_executed(up, [ckpt.state_op, ckpt.sampler_op])
             if not ckpt.saved:
                 raise ProxyError(f"Shepherd's checkpoint {ckpt.name} failed")
-            core.truncate(model)
+            checkpoints.truncate(core, model)
 
     async def drain_events(self) -> None:
         """Until every event emitted so far was handed to ``on_event``."""

@@ -7,6 +7,7 @@ The log is cut when a Shepherd checkpoint becomes the restore point (:mod:`.chec
 
 from __future__ import annotations
 
+from shepherd.proxy import checkpoints
 from shepherd.proxy.core import Core, Refused
 from shepherd.proxy.events import AttachResult
 from shepherd.proxy.state import Model, Op
@@ -62,7 +63,7 @@ async def resend(core: Core, model: Model, up: Upstream, result: AttachResult | 
         if before:
             again.append(op)
         if op.op == "optim_step":
-            await core.after_weights_change(model, op, up)
+            await checkpoints.issue_if_due(core, model, op, up)
     if result is not None:
         # Redone: sent before (an operation logged while no trainer was attached is
         # sent here for the first time).

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from shepherd.models import CheckpointRecord
 from shepherd.proxy import ids
 from shepherd.proxy.answers import settle
+from shepherd.proxy.checkpoints import truncate
 from shepherd.proxy.core import Core
 from shepherd.proxy.ids import IdMap
 from shepherd.proxy.redo import log_op, needs_redo
@@ -217,10 +218,10 @@ def test_a_checkpoint_cuts_the_redo_log_once_everything_before_it_is_answered() 
     ckpt = _checkpoint(model)
     model.pending.append(ckpt)
     after = _logged(core, model, "forward_backward")
-    core.truncate(model)
+    truncate(core, model)
     assert model.checkpoint is None and len(model.redo) == 3  # step 1 is not answered yet
     step1.resolve({})
-    core.truncate(model)
+    truncate(core, model)
     assert model.checkpoint is ckpt and model.redo == [after] and not model.pending
     assert step1.body == {}  # out of the log for good: its body is let go
 
@@ -235,7 +236,7 @@ def test_gradients_not_yet_applied_stay_in_the_redo_log() -> None:
     pending_grad = _logged(core, model, "forward_backward")
     forward = _logged(core, model, "forward")
     model.pending.append(_checkpoint(model))
-    core.truncate(model)
+    truncate(core, model)
     assert model.redo == [pending_grad]
     assert needs_redo(pending_grad) and not needs_redo(forward)
 
@@ -259,7 +260,7 @@ def test_a_snapshot_leaving_the_log_is_made_from_the_checkpoint_its_start_or_los
         snap.sampler = sampler
         add_sampler(core, sampler)
     model.pending.append(_checkpoint(model))
-    core.truncate(model)
+    truncate(core, model)
     samplers = core.samplers
     assert samplers["first"].lost is None and samplers["first"].kind == "base"
     assert samplers["first"].base_model == core.settings.trainer_base_model
@@ -282,7 +283,7 @@ def test_a_snapshot_leaving_the_log_is_made_from_the_checkpoint_its_start_or_los
     snap.sampler = sampler
     add_sampler(core, sampler)
     loaded.pending.append(_checkpoint(loaded))
-    core.truncate(loaded)
+    truncate(core, loaded)
     assert sampler.lost is None and sampler.kind == "remade" and sampler.recipe is not None
     assert sampler.recipe.ops == [] and sampler.recipe.base is None
 
@@ -307,7 +308,7 @@ def test_only_the_most_recently_used_snapshots_keep_their_recipes() -> None:
     _logged(core, model, "forward_backward")
     _logged(core, model, "optim_step")
     model.pending.append(_checkpoint(model))
-    core.truncate(model)
+    truncate(core, model)
     kept = [s for s in snaps if s.recipe is not None]
     assert kept == snaps[-MAX_REMADE_SNAPSHOTS:]
     assert all(s.lost is not None and s.recipe is None for s in snaps[:-MAX_REMADE_SNAPSHOTS])
