@@ -308,6 +308,9 @@ async def run_job(st: Stack, runner: Runner, job: Job, window_s: float) -> None:
                 job.outcome = type(exc.cause).__name__
         job.final = await status(st.client, job.workflow_id)
         log(f"{job.kind}: ended {job.final.phase.value} ({job.outcome})")
+        if job.at_cancel.step <= 0:
+            # TRAINING and yet no step reported: the events are not a training hour's.
+            raise RuntimeError("no optimizer step reported in the whole window (status step 0)")
     except Exception as exc:  # noqa: BLE001 - reported, the other job's figures still count
         job.error = f"{type(exc).__name__}: {exc}"
         log(f"{job.kind}: {job.error}")
