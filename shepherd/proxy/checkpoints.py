@@ -17,6 +17,7 @@ from __future__ import annotations
 import structlog
 
 from shepherd.models import CheckpointRecord
+from shepherd.proxy import snapshots
 from shepherd.proxy.core import Core, Refused
 from shepherd.proxy.events import CheckpointEvent
 from shepherd.proxy.settings import MAX_REDO_OPS, PROGRESS_HISTORY
@@ -120,8 +121,8 @@ def truncate(core: Core, model: Model) -> None:
         gone = [op for op in before if op not in keep]
         model.redo = keep + [op for op in model.redo if op.lpos is None or op.lpos >= ckpt.lpos]
         prev, model.checkpoint = model.checkpoint, ckpt
-        core._settle_snapshots(model, ckpt, before, gone, prev)
-        pinned = core._pinned()
+        snapshots.left_log(core, model, ckpt, before, gone, prev)
+        pinned = snapshots.pinned(core)
         for op in gone:
             if id(op) not in pinned:  # a snapshot's recipe still needs it
                 op.release()
