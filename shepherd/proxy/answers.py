@@ -49,7 +49,7 @@ def settle(core: Core, op: Op, answer: dict[str, Any]) -> None:
     op.executed.set()
     if op.op == "asample":
         if ok and first and op.body.get("record_stability_info"):
-            core.keep_sequences(op, answer)
+            core.spans.keep(op, answer)
         core.oneoff.pop(op.request_id, None)
         if op.sampler is not None:
             op.sampler.pending.pop(op.request_id, None)

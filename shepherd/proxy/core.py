@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from array import array
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
@@ -34,9 +33,9 @@ from shepherd.proxy.events import (
 from shepherd.proxy.ids import IdMap
 from shepherd.proxy.settings import (
     IDS_FILE,
-    MAX_KEPT_SEQUENCE_TOKENS,
     ProxySettings,
 )
+from shepherd.proxy.spans import Spans
 from shepherd.proxy.state import (
     FutureTable,
     Model,
@@ -112,9 +111,8 @@ class Core:
         #: Shepherd's checkpoints reported saved, by name (each is reported once).
         self.reported_checkpoints: set[str] = set()
         self._shepherd_names = ids.shepherd_checkpoint(settings.checkpoint_prefix)
-        #: Sampled sequences' log-probabilities, by the program's sequence id (spans).
-        self._sequences: OrderedDict[str, array[float]] = OrderedDict()
-        self._sequence_tokens = 0
+        #: Sampled sequences' log-probabilities, and the provenance spans that name them.
+        self.spans = Spans(self.futures)
 
     # ------------------------------------------------------------------- plumbing
 
@@ -299,104 +297,8 @@ class Core:
             body["sampling_session_seq_id"] = model.session.next_sampler_seq
             model.session.next_sampler_seq += 1
         if op.op in ("forward", "forward_backward"):
-            self.map_spans(body)
+            self.spans.translate(body)
         return body
-
-    def map_spans(self, body: dict[str, Any]) -> None:
-        """Provenance spans name sampled sequences by the program's ids. Where the proxy
-        kept the sequences (sampled with ``record_stability_info``), the spans become the
-        ``logprobs`` they stand for, sent with the datum — what the trainer would resolve
-        them to — so a datum means the same on every trainer: one that never sampled them
-        after a preemption, and the redo on it (always, so the first send and the redo
-        carry the same numbers). Otherwise they are mapped to the trainer's ids."""
-        for key in ("forward_input", "forward_backward_input"):
-            inner = body.get(key)
-            if not isinstance(inner, dict):
-                continue
-            data = []
-            for datum in inner.get("data") or []:
-                if isinstance(datum, dict) and (
-                    datum.get("loss_fn_input_spans") or datum.get("model_input_spans")
-                ):
-                    datum = self._inline_spans(datum) or dict(datum)
-                    for name in ("loss_fn_input_spans", "model_input_spans"):
-                        if datum.get(name):
-                            datum[name] = [self._map_span(s) for s in datum[name]]
-                data.append(datum)
-            body[key] = {**inner, "data": data}
-
-    def _inline_spans(self, datum: dict[str, Any]) -> dict[str, Any] | None:
-        """``datum`` with its spans replaced by the sampler log-probabilities they name, or
-        None when a sequence it names is not kept (or a span does not fit it)."""
-        spans = datum.get("loss_fn_input_spans") or []
-        inputs = datum.get("loss_fn_inputs")
-        if not isinstance(spans, list) or not isinstance(inputs, dict):
-            return None
-        total = 0
-        for span in spans:
-            arm = next(iter(span.values()), None) if isinstance(span, dict) else None
-            if not isinstance(arm, dict) or not isinstance(arm.get("length"), int):
-                return None
-            total += arm["length"]
-        sent = inputs.get("logprobs")
-        values = sent.get("data") if isinstance(sent, dict) else sent
-        q = (
-            [float(x) for x in values]
-            if isinstance(values, list) and len(values) == total
-            else None
-        )
-        q = q if q is not None else [0.0] * total
-        pos = 0
-        for span in spans:
-            kind, arm = next(iter(span.items()))
-            length, offset = arm["length"], arm.get("offset", 0)
-            if kind == "sampled_tokens":
-                kept = self._sequences.get(str(arm.get("sequence_id")))
-                if kept is None or not isinstance(offset, int) or offset + length > len(kept):
-                    return None
-                q[pos : pos + length] = kept[offset : offset + length]
-            pos += length
-        out = {
-            k: v for k, v in datum.items() if k not in ("loss_fn_input_spans", "model_input_spans")
-        }
-        out["loss_fn_inputs"] = {
-            **inputs,
-            "logprobs": {"data": q, "dtype": "float32", "shape": [total]},
-        }
-        return out
-
-    def keep_sequences(self, op: Op, answer: dict[str, Any]) -> None:
-        """The log-probabilities of sequences sampled for provenance (their program ids),
-        newest kept, within :data:`MAX_KEPT_SEQUENCE_TOKENS`."""
-        for i, seq in enumerate(answer.get("sequences") or []):
-            logprobs = seq.get("logprobs") if isinstance(seq, dict) else None
-            if not isinstance(logprobs, list) or not all(
-                isinstance(x, int | float) for x in logprobs
-            ):
-                continue
-            key = f"{op.request_id}:{i}"
-            self._sequences[key] = array("d", logprobs)
-            self._sequence_tokens += len(logprobs)
-        while self._sequence_tokens > MAX_KEPT_SEQUENCE_TOKENS and self._sequences:
-            _, gone = self._sequences.popitem(last=False)
-            self._sequence_tokens -= len(gone)
-
-    def _map_span(self, span: Any) -> Any:
-        if not isinstance(span, dict):
-            return span
-        out = {}
-        for kind, arm in span.items():
-            if isinstance(arm, dict) and isinstance(arm.get("sequence_id"), str):
-                arm = {**arm, "sequence_id": self.trainer_sequence_id(arm["sequence_id"])}
-            out[kind] = arm
-        return out
-
-    def trainer_sequence_id(self, program_sequence: str) -> str:
-        head, _, index = program_sequence.rpartition(":")
-        op = self.futures.get(head)
-        if op is not None and index.isdigit() and int(index) < len(op.trainer_sequence_ids):
-            return op.trainer_sequence_ids[int(index)]
-        return program_sequence
 
     async def submit(self, model: Model, op: Op, up: Upstream) -> None:
         """Send ``op`` as the model's next trainer operation and have its answer polled.

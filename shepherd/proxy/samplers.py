@@ -169,7 +169,7 @@ async def _remake(core: Core, sampler: Sampler, up: Upstream) -> None:
             if op.op == "load_weights" and isinstance(sent.get("path"), str):
                 sent["path"] = core.ids.trainer_path(sent["path"])
             if op.op == "forward_backward":
-                core.map_spans(sent)
+                core.spans.translate(sent)
             tickets.append(await up.call("POST", endpoint(op), sent))
         for ticket in tickets:
             answer = await core.await_trainer(up, str(ticket["request_id"]))
