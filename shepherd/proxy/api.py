@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shepherd.platform import PlatformError
-from shepherd.proxy import checkpoints, ids, redo, restore, samplers
+from shepherd.proxy import checkpoints, ids, operations, redo, restore, samplers
 from shepherd.proxy.core import SAVE_ADDRESSING, Core, NoTrainer, Refused
 from shepherd.proxy.settings import SEQ_GAP_HOLD_S
 from shepherd.proxy.state import Model, Op, Sampler, Session
@@ -433,7 +433,7 @@ class ProgramApi:
                     if model.broken is not None:
                         op.fail(model.broken, "user")
                         return
-                    await core.submit(model, op, up)
+                    await operations.submit(core, model, op, up)
                 # No await between the submission and the log: its answer cannot be handled
                 # before the log knows it.
                 redo.log_op(model, op)

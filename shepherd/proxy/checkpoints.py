@@ -17,7 +17,7 @@ from __future__ import annotations
 import structlog
 
 from shepherd.models import CheckpointRecord
-from shepherd.proxy import snapshots
+from shepherd.proxy import operations, snapshots
 from shepherd.proxy.core import Core, Refused
 from shepherd.proxy.events import CheckpointEvent
 from shepherd.proxy.settings import MAX_REDO_OPS, PROGRESS_HISTORY
@@ -76,8 +76,8 @@ async def issue(
         op.model = model
     model.pending.append(ckpt)
     try:
-        await core.submit(model, state_op, up)
-        await core.submit(model, sampler_op, up)
+        await operations.submit(core, model, state_op, up)
+        await operations.submit(core, model, sampler_op, up)
     except Refused as exc:
         model.pending.remove(ckpt)
         log.error("proxy.checkpoint_refused", name=name, error=exc.message[:500])

@@ -65,10 +65,6 @@ class Refused(Exception):
 NOT_HERE = "is not on this trainer"
 
 
-def endpoint(op: Op) -> str:
-    return "forward" if op.op == "forward" else op.op
-
-
 #: What becomes of the trainer's answer to an operation (:func:`.answers.settle`).
 Settle = Callable[["Core", Op, dict[str, Any]], None]
 
@@ -284,38 +280,6 @@ class Core:
             answer = await up.poll(request_id)
             if answer.get("type") != "try_again":
                 return answer
-
-    # ----------------------------------------------------------------- submission
-
-    def trainer_body(self, model: Model, op: Op, tseq: int) -> dict[str, Any]:
-        body = dict(op.body)
-        body["model_id"] = model.trainer_id
-        body["seq_id"] = tseq
-        if op.op == "load_weights" and isinstance(body.get("path"), str):
-            body["path"] = self.ids.trainer_path(body["path"])
-        if op.op == "save_weights_for_sampler" and body.get("path") is None:
-            body["sampling_session_seq_id"] = model.session.next_sampler_seq
-            model.session.next_sampler_seq += 1
-        if op.op in ("forward", "forward_backward"):
-            self.spans.translate(body)
-        return body
-
-    async def submit(self, model: Model, op: Op, up: Upstream) -> None:
-        """Send ``op`` as the model's next trainer operation and have its answer polled.
-        Raises Refused (nothing taken), TrainerGone or Detached."""
-        tseq = model.next_tseq
-        body = self.trainer_body(model, op, tseq)
-        try:
-            ticket = await up.call("POST", endpoint(op), body)
-        except PlatformError as exc:
-            if exc.status_code and 400 <= exc.status_code < 500:
-                raise await self.refusal(up, exc) from None
-            raise
-        if not self.live(up):
-            raise Detached(op.op)
-        model.next_tseq = tseq + 1
-        op.sends += 1
-        self.watch(op, up, str(ticket["request_id"]))
 
     def watch(self, op: Op, up: Upstream, trainer_request_id: str) -> None:
         """``op`` was sent to the trainer of ``up`` as its ``trainer_request_id``: a poller of

@@ -7,7 +7,7 @@ The log is cut when a Shepherd checkpoint becomes the restore point (:mod:`.chec
 
 from __future__ import annotations
 
-from shepherd.proxy import checkpoints
+from shepherd.proxy import checkpoints, operations
 from shepherd.proxy.core import Core, Refused
 from shepherd.proxy.events import AttachResult
 from shepherd.proxy.state import Model, Op
@@ -54,7 +54,7 @@ async def resend(core: Core, model: Model, up: Upstream, result: AttachResult | 
             continue
         before = op.sends
         try:
-            await core.submit(model, op, up)
+            await operations.submit(core, model, op, up)
         except Refused as exc:
             op.fail(exc.message, "user")
             model.redo.remove(op)

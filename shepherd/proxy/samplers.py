@@ -16,8 +16,9 @@ import structlog
 
 from shepherd.platform import PlatformError
 from shepherd.proxy import ids, restore
-from shepherd.proxy.core import NOT_HERE, Core, Refused, endpoint
+from shepherd.proxy.core import NOT_HERE, Core, Refused
 from shepherd.proxy.events import AttachResult
+from shepherd.proxy.operations import endpoint
 from shepherd.proxy.settings import MAX_SAMPLERS
 from shepherd.proxy.state import Op, Sampler
 from shepherd.proxy.upstream import Detached, Upstream
