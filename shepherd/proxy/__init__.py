@@ -20,7 +20,7 @@ plus redo log.
    ``save_weights_for_sampler`` ``step-00000040-sampler`` — with trainer ``seq_id``\\ s the
    program never sees (the proxy owns the trainer's numbering; the program's own numbering
    is mapped onto it). Once both are saved and every operation before them answered, that
-   checkpoint is the *restore point* and the redo log is cut there (:mod:`.core`).
+   checkpoint is the *restore point* and the redo log is cut there (:mod:`.checkpoints`).
 2. *Redo log.* Every operation the program sent since the restore point is kept, in order
    (forward_backward, optim_step, loads, saves, snapshots for sampling), with the answer
    the program got, if it got one. It is bounded by the checkpoint interval
@@ -65,10 +65,14 @@ Public API (what the lead's ``run_program`` activity uses)::
 
 Events (``on_event``): :class:`StepEvent`, :class:`CheckpointEvent`,
 :class:`TrainerLostEvent` (the :data:`ProxyEvent` union). Layout: :mod:`.proxy` (this API),
-:mod:`.core` (generations, redo, checkpoints), :mod:`.api` (each endpoint as the program
-sees it), :mod:`.app` (HTTP, auth, dialects), :mod:`.upstream` (the trainer, the route
-race), :mod:`.ids`, :mod:`.state`, :mod:`.settings` (every bound, with its reason),
-:mod:`.events`.
+:mod:`.api` (each endpoint as the program sees it), :mod:`.app` (HTTP, auth, dialects);
+:mod:`.core` (the shared state: the program's tables, the generation, the job's model) and
+what the proxy does with it, a module each: :mod:`.operations` (sent), :mod:`.answers`
+(settled), :mod:`.redo` (the redo log), :mod:`.restore` (a model made live, restored),
+:mod:`.checkpoints` (Shepherd's, and the log's truncation), :mod:`.snapshots`,
+:mod:`.samplers`, :mod:`.spans`, :mod:`.steps` (steps, losses, digests);
+:mod:`.upstream` (the trainer, the route race), :mod:`.ids`, :mod:`.state`,
+:mod:`.settings` (every bound, with its reason), :mod:`.events`.
 
 What a program keeps across Shepherd's checkpoints and a trainer loss: every sampler it
 holds stays live on the trainer that has it; on a new trainer a sampler is made again from

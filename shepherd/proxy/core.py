@@ -1,14 +1,22 @@
-"""The trainer side of the proxy: generations, what lives on the current trainer, and how a
-program's operations reach it — in order, exactly once, again after a loss.
+"""The proxy's shared state — what it knows of the program and of the trainer it is attached
+to — and the moves every part of it makes on that state.
 
-A *generation* is one attached trainer (:class:`~shepherd.proxy.upstream.Upstream`). Every
-session, model and sampler the program made is *materialized* on a generation lazily, the
-first time something needs it there: a session is created, a model is loaded from its last
-Shepherd checkpoint (with optimizer state) or created afresh as the program created it and
-then its redo log is sent again in order, a sampler is made again from its base model, its
-checkpoint path, or its model's redo log. An operation is sent when it is the model's next
-(the program's ``seq_id`` order) and its model is live; with no trainer attached it is only
-logged, and the restore sends it.
+A *generation* is one attached trainer (:class:`~shepherd.proxy.upstream.Upstream`): begun
+by an attach, ended by a detach or a loss. Every session, model and sampler the program made
+is made live on a generation lazily, the first time something needs it there. :class:`Core`
+holds the program's tables (sessions, models, samplers, futures, ids), the generation, the
+job's model (:meth:`Core.is_followed`), the tasks, and the trainer's answers polled. What the
+proxy *does* lives each in a module named for it, over this one ``Core``:
+
+* :mod:`.operations` — an operation sent as its model's next trainer ``seq_id``;
+* :mod:`.answers` — the trainer's answer settled: the program's future, and what follows;
+* :mod:`.redo` — a model's redo log: what goes in, what is sent again after a loss;
+* :mod:`.restore` — a model (and its session) made live on a trainer: created, or restored;
+* :mod:`.checkpoints` — Shepherd's checkpoints issued and settled, the redo log truncated;
+* :mod:`.snapshots` — what becomes of a sampler snapshot that leaves the redo log;
+* :mod:`.samplers` — sampling sessions made live, remade, their samples sent (again);
+* :mod:`.spans` — provenance spans sent as the log-probabilities they name;
+* :mod:`.steps` — the job's steps, losses and weights digests, read from the answers.
 """
 
 from __future__ import annotations
@@ -25,31 +33,14 @@ import structlog
 
 from shepherd.platform import PlatformClient, PlatformError
 from shepherd.proxy import ids
-from shepherd.proxy.events import (
-    ProxyEvent,
-    ProxyProgress,
-    TrainerLostEvent,
-)
+from shepherd.proxy.events import ProxyEvent, ProxyProgress, TrainerLostEvent
 from shepherd.proxy.ids import IdMap
-from shepherd.proxy.settings import (
-    IDS_FILE,
-    ProxySettings,
-)
+from shepherd.proxy.settings import IDS_FILE, ProxySettings
 from shepherd.proxy.spans import Spans
-from shepherd.proxy.state import (
-    FutureTable,
-    Model,
-    Op,
-    Sampler,
-    Session,
-)
+from shepherd.proxy.state import FutureTable, Model, Op, Sampler, Session
 from shepherd.proxy.upstream import Detached, TrainerGone, Upstream
 
 log = structlog.stdlib.get_logger("shepherd.proxy")
-
-#: Sampler-save fields the SDK changes between retries of the same save (tinker numbers the
-#: anonymous sampler afresh on each attempt): not part of what the request asks.
-SAVE_ADDRESSING = ("type", "sampling_session_seq_id")
 
 
 class Refused(Exception):
@@ -61,16 +52,29 @@ class Refused(Exception):
         self.code, self.status, self.message = code, status, message
 
 
+class NoTrainer(Exception):
+    """No trainer was attached within the hold: the program is answered 503 (retryable)."""
+
+    def __init__(self, hold: float) -> None:
+        super().__init__(
+            f"no trainer is serving this job right now (it is being brought back after a "
+            f"preemption or a pause); waited {hold:g}s — try again"
+        )
+
+
 #: What a trainer says of an id it does not hold (a model, a sampler, a session).
 NOT_HERE = "is not on this trainer"
 
 
-#: What becomes of the trainer's answer to an operation (:func:`.answers.settle`).
+#: What becomes of the trainer's answer to an operation: :func:`.answers.settle`, handed to
+#: Core by whoever builds it (an answer sets off checkpoints, which send operations, which
+#: use Core: Core importing answers would close that circle).
 Settle = Callable[["Core", Op, dict[str, Any]], None]
 
 
 class Core:
-    """Everything the proxy knows of the program and of the trainer it is attached to."""
+    """Everything the proxy knows of the program and of the trainer it is attached to, and
+    the moves every part makes on it (see the module's doc for the parts)."""
 
     def __init__(
         self,
@@ -110,7 +114,7 @@ class Core:
         #: Sampled sequences' log-probabilities, and the provenance spans that name them.
         self.spans = Spans(self.futures)
 
-    # ------------------------------------------------------------------- plumbing
+    # ----------------------------------------------------------------- plumbing
 
     def spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
@@ -131,7 +135,10 @@ class Core:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     def is_shepherd_name(self, name: str) -> bool:
+        """Whether ``name`` is one of Shepherd's checkpoints (left out of the program's view)."""
         return bool(self._shepherd_names.match(name))
+
+    # ---------------------------------------------------------- the job's model
 
     def is_followed(self, model: Model) -> bool:
         """Whether ``model`` is the one the job follows — the *job's model*: its optimizer
@@ -150,6 +157,15 @@ class Core:
         """Whether ``model`` is made again on a new trainer: an open one, or the job's model
         (kept for its final checkpoint)."""
         return not model.closed or self.is_followed(model)
+
+    # -------------------------------------------------------------- generations
+
+    def begin(self, up: Upstream) -> int:
+        self.gen += 1
+        self.up = up
+        self.serving.set()
+        self._attached_at = time.monotonic()
+        return self.gen
 
     def live(self, up: Upstream) -> bool:
         return up is self.up and not up.closed
@@ -180,39 +196,6 @@ class Core:
                 continue
             except TrainerGone as exc:
                 self.lose(up, exc)
-
-    async def refusal(self, up: Upstream, exc: PlatformError) -> Exception:
-        """What a trainer's 4xx on a submission means. A refusal (the program gets it), unless
-        the trainer says it does not hold what the proxy made on it *and* the evidence says
-        it lost everything: the control plane no longer says RUNNING, or the trainer does
-        not know the job's model either (it restarted). A trainer's word alone never starts
-        a recovery: a snapshot it still holds, refused for another reason, is not a loss."""
-        refused = Refused(exc.status_code or 400, exc.status, exc.message)
-        if NOT_HERE not in exc.message:
-            return refused
-        await up.verify(f"the trainer refused an id the proxy made on it ({exc.message[:200]})")
-        live = [m for m in self.models.values() if m.gen == self.gen and m.trainer_id]
-        for model in live[:1]:
-            try:
-                await self.model_info(model, up)
-            except PlatformError as again:
-                if NOT_HERE in again.message:
-                    return TrainerGone(
-                        f"the trainer no longer holds what the proxy made on it (it restarted): "
-                        f"{exc.message}"
-                    )
-                raise
-        log.warning("proxy.refused_id", trainer_job_id=up.trainer_job_id, error=exc.message[:300])
-        return refused
-
-    # --------------------------------------------------------------- generations
-
-    def begin(self, up: Upstream) -> int:
-        self.gen += 1
-        self.up = up
-        self.serving.set()
-        self._attached_at = time.monotonic()
-        return self.gen
 
     def idle_for(self) -> float | None:
         """How long the attached trainer has had nothing of the program's to do: no request
@@ -252,11 +235,43 @@ class Core:
             model.pending.clear()
         log.info("proxy.detached", trainer_job_id=up.trainer_job_id, reason=reason)
 
-    # ---------------------------------------------------------- trainer answers
+    # -------------------------------------------------------------- the trainer
 
     async def model_info(self, model: Model, up: Upstream) -> dict[str, Any]:
+        """The trainer's ``get_info`` of ``model`` (live on ``up``)."""
         answer = await up.call("POST", "get_info", {"model_id": model.trainer_id})
         return answer if isinstance(answer, dict) else {}
+
+    async def refusal(self, up: Upstream, exc: PlatformError) -> Exception:
+        """What a trainer's 4xx on a submission means. A refusal (the program gets it), unless
+        the trainer says it does not hold what the proxy made on it *and* the evidence says
+        it lost everything: the control plane no longer says RUNNING, or the trainer does
+        not know the job's model either (it restarted). A trainer's word alone never starts
+        a recovery: a snapshot it still holds, refused for another reason, is not a loss."""
+        refused = Refused(exc.status_code or 400, exc.status, exc.message)
+        if NOT_HERE not in exc.message:
+            return refused
+        await up.verify(f"the trainer refused an id the proxy made on it ({exc.message[:200]})")
+        live = [m for m in self.models.values() if m.gen == self.gen and m.trainer_id]
+        for model in live[:1]:
+            try:
+                await self.model_info(model, up)
+            except PlatformError as again:
+                if NOT_HERE in again.message:
+                    return TrainerGone(
+                        f"the trainer no longer holds what the proxy made on it (it restarted): "
+                        f"{exc.message}"
+                    )
+                raise
+        log.warning("proxy.refused_id", trainer_job_id=up.trainer_job_id, error=exc.message[:300])
+        return refused
+
+    async def await_trainer(self, up: Upstream, request_id: str) -> dict[str, Any]:
+        """The trainer's answer to one of its futures (polled until it is there)."""
+        while True:
+            answer = await up.poll(request_id)
+            if answer.get("type") != "try_again":
+                return answer
 
     async def wait_executed(self, up: Upstream, ops: Iterable[Op]) -> None:
         """Until the trainer of ``up`` executed every op (raises Detached if it is lost)."""
@@ -273,13 +288,6 @@ class Core:
                     )
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(op.executed.wait(), min(left, 0.5))
-
-    async def await_trainer(self, up: Upstream, request_id: str) -> dict[str, Any]:
-        """The trainer's answer to one of its futures (polled until it is there)."""
-        while True:
-            answer = await up.poll(request_id)
-            if answer.get("type") != "try_again":
-                return answer
 
     def watch(self, op: Op, up: Upstream, trainer_request_id: str) -> None:
         """``op`` was sent to the trainer of ``up`` as its ``trainer_request_id``: a poller of
@@ -308,13 +316,3 @@ class Core:
         if op.gen != self.gen or not self.live(up):
             return
         self._settle(self, op, answer)
-
-
-class NoTrainer(Exception):
-    """No trainer was attached within the hold: the program is answered 503 (retryable)."""
-
-    def __init__(self, hold: float) -> None:
-        super().__init__(
-            f"no trainer is serving this job right now (it is being brought back after a "
-            f"preemption or a pause); waited {hold:g}s — try again"
-        )

@@ -1,8 +1,8 @@
 """What the proxy remembers of a program: its sessions, models, sampling sessions and
 futures (the program's ids), and for each the trainer generation it is live in.
 
-Plain records; the behaviour is :mod:`shepherd.proxy.proxy`'s. The tables are bounded
-(:mod:`shepherd.proxy.settings`).
+Plain records; the behaviour is the proxy's parts, over :mod:`shepherd.proxy.core`. The
+tables are bounded (:mod:`shepherd.proxy.settings`).
 """
 
 from __future__ import annotations
