@@ -79,11 +79,7 @@ async def ensure(core: Core, sampler: Sampler, up: Upstream) -> None:
             if exc.status_code and 400 <= exc.status_code < 500:
                 raise await core.refusal(up, exc) from None
             raise
-        if not core.live(up):
-            raise Detached("create_sampling_session")
-        sampler.trainer_id = str(answer["sampling_session_id"])
-        sampler.gen = core.gen
-        core.ids.learn(sampler.trainer_id, sampler.program_id)
+        _made_live(core, sampler, up, answer, "create_sampling_session")
 
 
 async def send(core: Core, op: Op, up: Upstream) -> None:
@@ -192,11 +188,7 @@ async def _remake(core: Core, sampler: Sampler, up: Upstream) -> None:
         if exc.status_code and 400 <= exc.status_code < 500:
             raise await core.refusal(up, exc) from None
         raise
-    if not core.live(up):
-        raise Detached("remake a sampler")
-    sampler.trainer_id = str(answer["sampling_session_id"])
-    sampler.gen = core.gen
-    core.ids.learn(sampler.trainer_id, sampler.program_id)
+    _made_live(core, sampler, up, answer, "remake a sampler")
     log.info("proxy.sampler_remade", sampler=sampler.program_id, ops=len(recipe.ops))
 
 
@@ -209,3 +201,15 @@ async def _scratch_model(
     if "error" in answer:
         raise Refused(400, "FAILED_PRECONDITION", f"remaking: {answer['error']}")
     return str(answer.get("model_id") or default)
+
+
+def _made_live(
+    core: Core, sampler: Sampler, up: Upstream, answer: dict[str, Any], what: str
+) -> None:
+    """``sampler`` is the sampling session ``answer`` names on ``up`` — unless ``up`` was
+    let go meanwhile (Detached: ``what`` was under way)."""
+    if not core.live(up):
+        raise Detached(what)
+    sampler.trainer_id = str(answer["sampling_session_id"])
+    sampler.gen = core.gen
+    core.ids.learn(sampler.trainer_id, sampler.program_id)
