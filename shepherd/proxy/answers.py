@@ -87,6 +87,8 @@ def program_result(core: Core, op: Op, answer: dict[str, Any]) -> dict[str, Any]
 
 
 def _after_settled(core: Core, model: Model, op: Op) -> None:
+    """What the answer means for its model: a checkpoint's save may complete the
+    checkpoint, a step's answers the step to report."""
     if op.internal:
         checkpoints.settled(core, model)
     elif op.op in ("optim_step", "forward_backward"):

@@ -23,7 +23,7 @@ async def submit(core: Core, model: Model, op: Op, up: Upstream) -> None:
     """Send ``op`` as the model's next trainer operation and have its answer polled.
     Raises Refused (nothing taken), TrainerGone or Detached."""
     tseq = model.next_tseq
-    body = trainer_body(core, model, op, tseq)
+    body = _trainer_body(core, model, op, tseq)
     try:
         ticket = await up.call("POST", endpoint(op), body)
     except PlatformError as exc:
@@ -37,7 +37,7 @@ async def submit(core: Core, model: Model, op: Op, up: Upstream) -> None:
     core.watch(op, up, str(ticket["request_id"]))
 
 
-def trainer_body(core: Core, model: Model, op: Op, tseq: int) -> dict[str, Any]:
+def _trainer_body(core: Core, model: Model, op: Op, tseq: int) -> dict[str, Any]:
     """``op``'s body as the trainer of this generation is sent it, at its ``seq_id``
     ``tseq``."""
     body = dict(op.body)
