@@ -106,7 +106,9 @@ def test_a_program_tracks_the_wire_or_its_own_metrics() -> None:
         ),
     ],
 )
-def test_bad_metric_settings_name_the_field(sections: dict[str, Any], field: str, rule: str) -> None:
+def test_bad_metric_settings_name_the_field(
+    sections: dict[str, Any], field: str, rule: str
+) -> None:
     with pytest.raises(SpecError) as refused:
         _metric_spec(**sections)
     text = str(refused.value)
