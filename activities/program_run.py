@@ -44,6 +44,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from shepherd import programs
 from shepherd.models import (
     CheckpointRecord,
+    FollowedModel,
     MetricPoint,
     ProgramProgress,
     ProgramResult,
@@ -153,6 +154,8 @@ class ProgramRun:
         self.checkpoints: list[CheckpointRecord] = []
         self.trainer_lost: str | None = None
         self.metric_points: list[MetricPoint] = []
+        #: The program's model the job follows now, once the proxy says it changed.
+        self.following: FollowedModel | None = None
         self.latest_metrics: dict[str, float] = {}
         self.metrics_step: int | None = None
         self._records = 0
@@ -386,6 +389,10 @@ class ProgramRun:
             self.checkpoints.append(event.record)
             self.dirty = True
             return True
+        if event.kind == "follow":
+            self.following, self.step = event.model, event.step
+            self.dirty = True
+            return True
         if event.kind == "trainer_lost":
             state = event.state or "unknown"
             said = "" if state in event.reason else f" (the job is {state})"
@@ -412,6 +419,7 @@ class ProgramRun:
             metrics=self.metric_points,
             latest_metrics=self.latest_metrics,
             metrics_step=self.metrics_step,
+            following=self.following,
         )
         try:
             await self.handle.signal("program_progress", sent)
@@ -423,7 +431,7 @@ class ProgramRun:
                 self.log.warning("program.signal_failed", error=str(exc)[:300])
             return
         self.losses, self.checkpoints, self.trainer_lost, self.dirty = [], [], None, False
-        self.metric_points = []
+        self.metric_points, self.following = [], None
 
 
 def _warn_if_idle(

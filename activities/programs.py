@@ -310,6 +310,7 @@ def _proxy_settings(
         route_race_retries=s.route_race_retries,
         route_race_window_s=s.route_race_window_s,
         state_dir=str(directory),
+        follow=s.follow,
     )
 
 

@@ -180,11 +180,30 @@ class SaveCheckpointInput(Model):
     call_timeout_s: float
 
 
+class FollowedModel(Model):
+    """The model of a program's that its job follows (``training.follow``): its steps are
+    the job's, its checkpoints the job's, and it is what the job promotes."""
+
+    #: 1-based, in the order the program made its models.
+    number: int
+    base_model: str | None = None
+    lora_rank: int | None = None
+    #: The checkpoint the program made it from (None: created afresh).
+    loaded_from: str | None = None
+
+    def describe(self) -> str:
+        how = f"from {self.loaded_from}" if self.loaded_from else "created afresh"
+        rank = f"LoRA rank {self.lora_rank}" if self.lora_rank else "full-parameter"
+        return f"the program's model {self.number} ({rank}, {how})"
+
+
 class CheckpointRecord(Model):
     #: Resource name of the resumable (state) checkpoint.
     name: str
     step: int
     trainer_job_id: str
+    #: A program's job: the number of the program's model it is of (None: the job's one).
+    model: int | None = None
     #: Resource name of the promotable (sampler) checkpoint of the same weights.
     sampler: str | None = None
     metric: float | None = None
@@ -257,6 +276,8 @@ class ProgramSettings(Model):
     #: The program's own metrics (its metrics file) the job keeps curves of; the worker adds
     #: those the program's registration names.
     metrics: list[str] = Field(default_factory=list)
+    #: Which of the program's models the job follows (``training.follow``).
+    follow: str = "last"
 
 
 class RunProgramInput(Model):
@@ -315,6 +336,8 @@ class ProgramProgress(Model):
     #: Every metric of the newest record the program wrote, and its step.
     latest_metrics: dict[str, float] = Field(default_factory=dict)
     metrics_step: int | None = None
+    #: The job follows another of the program's models from now on (``step`` is its step).
+    following: FollowedModel | None = None
 
 
 class ProgramResult(Model):
@@ -474,6 +497,8 @@ class JobStatus(Model):
     metrics: dict[str, float] = Field(default_factory=dict)
     metrics_step: int | None = None
     metric_curves: dict[str, list[CurvePoint]] = Field(default_factory=dict)
+    #: A program's job: the program's model it follows (its steps, checkpoints, promotion).
+    following: FollowedModel | None = None
     checkpoints: list[CheckpointRecord] = Field(default_factory=list)
     best: CheckpointRecord | None = None
     preemptions: int = 0
@@ -522,9 +547,17 @@ class JobStatus(Model):
         kept = sorted(self.metric_curves, key=lambda name: name != self.eval_metric)
         return {name: self.metrics[name] for name in kept if name in self.metrics}
 
+    def followed_checkpoints(self) -> list[CheckpointRecord]:
+        """The checkpoints of the model the job follows (a loop's: all of them; a program's
+        that trained several models: those of the one ``following`` names)."""
+        if self.following is None:
+            return self.checkpoints
+        return [c for c in self.checkpoints if c.model in (None, self.following.number)]
+
     @property
     def last_checkpoint(self) -> CheckpointRecord | None:
-        return self.checkpoints[-1] if self.checkpoints else None
+        mine = self.followed_checkpoints()
+        return mine[-1] if mine else None
 
     def summary(self) -> str:
         """One readable paragraph for the Web UI's current details."""
@@ -539,6 +572,8 @@ class JobStatus(Model):
             lines.append(f"program{at}: " + " · ".join(f"{k} {v:.4g}" for k, v in shown.items()))
         if self.notices:
             lines.append(f"⚠ {self.notices[-1]}")
+        if self.following is not None and self.following.number > 1:
+            lines.append(f"follows {self.following.describe()}")
         if self.trainer_job_id:
             lines.append(
                 f"trainer `{self.trainer_job_id}` ({(self.platform_state or '?').removeprefix('JOB_STATE_')})"

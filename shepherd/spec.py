@@ -304,6 +304,12 @@ class TrainingSpec(SpecModel):
     #: A program's own metrics (from its metrics file: shepherd/program_metrics.py) the job
     #: keeps curves of, beside ``checkpoint.metric`` and those its registration names.
     metrics: list[str] = Field(default_factory=list, max_length=MAX_KEPT_METRICS)
+    #: Which of a program's models the job follows — counts its steps by, checkpoints every
+    #: ``checkpoint.every_steps`` and promotes: ``last``, the newest model the program has
+    #: trained (a pipeline's final stage: SFT, then a reward model, then the RL policy it
+    #: exists to make); ``first``; or a model's number, 1-based, in the order the program
+    #: makes them.
+    follow: Literal["last", "first"] | Annotated[int, Field(ge=1, le=100_000)] = "last"
 
     @field_validator("dataset")
     @classmethod
@@ -383,6 +389,11 @@ class TrainingSpec(SpecModel):
         if self.program is None:
             if self.args:
                 raise _located("training.args", "are a program's arguments: set training.program")
+            if "follow" in given:
+                raise _located(
+                    "training.follow",
+                    "says which of a program's models the job follows; a loop trains one",
+                )
             if self.metrics:
                 raise _located(
                     "training.metrics",

@@ -42,7 +42,8 @@ def is_better(ctx: JobContext, record: CheckpointRecord) -> bool:
 def add(ctx: JobContext, record: CheckpointRecord) -> None:
     """``record`` into the job's list (a name saved again replaces its entry), by step."""
     ctx.s.checkpoints = [c for c in ctx.s.checkpoints if c.name != record.name] + [record]
-    ctx.s.checkpoints.sort(key=lambda c: (c.step, c.saved_at or workflow.now()))
+    # By model (a program that trained several), then by step.
+    ctx.s.checkpoints.sort(key=lambda c: (c.model or 0, c.step, c.saved_at or workflow.now()))
 
 
 def recovery_checkpoint(ctx: JobContext) -> str | None:
@@ -50,8 +51,8 @@ def recovery_checkpoint(ctx: JobContext) -> str | None:
     else the spec's ``training.resume_from``."""
     if ctx.spec.checkpoint.resume_from == "best" and ctx.s.best:
         return ctx.s.best.name
-    if ctx.s.checkpoints:
-        return max(ctx.s.checkpoints, key=lambda c: c.step).name
+    if mine := ctx.s.followed_checkpoints():
+        return max(mine, key=lambda c: c.step).name
     return ctx.spec.training.resume_from
 
 
@@ -60,7 +61,11 @@ async def prune(ctx: JobContext, also_keep: set[str]) -> None:
     and ``also_keep`` (what the work needs: a program's restore point)."""
     if ctx.prune_unsupported:
         return
-    keep = {c.name for c in ctx.s.checkpoints[-ctx.spec.checkpoint.keep_last :]}
+    # Only the followed model's: another model's last checkpoint may be where the proxy
+    # restores that model from (a program's earlier stage it still uses).
+    mine = ctx.s.followed_checkpoints()
+    keep = {c.name for c in ctx.s.checkpoints if c not in mine}
+    keep |= {c.name for c in mine[-ctx.spec.checkpoint.keep_last :]}
     keep |= {c.name for c in (ctx.s.best,) if c} | {
         n for n in (ctx.s.paused_checkpoint, ctx.to_load, *also_keep) if n
     }

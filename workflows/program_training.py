@@ -120,6 +120,15 @@ class ProgramTraining:
             ctx.s.total_steps = started.total_steps
 
     def progress(self, ctx: JobContext, progress: ProgramProgress) -> None:
+        following, was = progress.following, ctx.s.following
+        if following is not None:
+            ctx.s.following = following
+            if was is not None and was.number != following.number:
+                # Another of the program's models is the job's from now on (a pipeline's
+                # next stage): its steps, its checkpoints, its best. (The same model made
+                # again by a program started again is no new one.)
+                ctx.s.step, ctx.s.best = progress.step, None
+                workflow.logger.info("following %s", following.describe())
         ctx.s.step = max(ctx.s.step, progress.step)
         if progress.last_loss is not None:
             ctx.s.last_loss = progress.last_loss
@@ -358,6 +367,7 @@ class ProgramTraining:
                 route_race_retries=ctx.pol.route_race_retries,
                 route_race_window_s=ctx.pol.route_race_window.total_seconds(),
                 metrics=[m for m in (_program_metric(ctx), *spec.training.metrics) if m],
+                follow=str(spec.training.follow),
             ),
             seed_from=ctx.s.parent_workflow_id,
             generation=self._generation,

@@ -119,6 +119,8 @@ def show_status(status: JobStatus) -> None:
         ("elapsed", _age(status)),
         ("cleanup", status.cleanup),
     ]
+    if status.following is not None:
+        rows.insert(5, ("follows", status.following.describe()))
     if status.metrics:
         at = f" at its step {status.metrics_step}" if status.metrics_step is not None else ""
         shown = status.headline_metrics() or dict(list(status.metrics.items())[:4])

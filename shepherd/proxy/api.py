@@ -267,6 +267,7 @@ class ProgramApi:
         create = Op(kind, body, extra={"model_id": program_id})
         model = Model(program_id, session, index=len(core.models), create=create)
         core.models[program_id] = model
+        core.made(model)
         core.futures.add(create)
         core.spawn(self._materialize(model), f"create {program_id}")
         return create.ticket()
@@ -441,6 +442,8 @@ class ProgramApi:
                 # before the log knows it.
                 redo.log_op(model, op)
                 self._register_snapshot(op)
+                if op.op == "optim_step":
+                    core.trained(model)
                 if up is not None and op.op == "optim_step":
                     await checkpoints.issue_if_due(core, model, op, up)
             except Refused as exc:
@@ -451,6 +454,8 @@ class ProgramApi:
                 if op.lpos is None:  # logged unsent: the restore sends it
                     redo.log_op(model, op)
                     self._register_snapshot(op)
+                    if op.op == "optim_step":
+                        core.trained(model)
             finally:
                 if op.lpos is not None or model.broken is not None:
                     model.next_seq = seq + 1

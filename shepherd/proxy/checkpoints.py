@@ -70,6 +70,7 @@ async def issue(
             sampler=f"{job}/checkpoints/{name}-sampler",
             step=step,
             trainer_job_id=up.trainer_job_id,
+            model=model.index + 1,
         ),
     )
     for op in (state_op, sampler_op):

@@ -31,9 +31,10 @@ from typing import Any
 
 import structlog
 
+from shepherd.models import FollowedModel
 from shepherd.platform import PlatformClient, PlatformError
 from shepherd.proxy import ids
-from shepherd.proxy.events import ProxyEvent, ProxyProgress, TrainerLostEvent
+from shepherd.proxy.events import FollowEvent, ProxyEvent, ProxyProgress, TrainerLostEvent
 from shepherd.proxy.ids import IdMap
 from shepherd.proxy.settings import IDS_FILE, ProxySettings
 from shepherd.proxy.spans import Spans
@@ -41,6 +42,21 @@ from shepherd.proxy.state import FutureTable, Model, Op, Sampler, Session
 from shepherd.proxy.upstream import Detached, TrainerGone, Upstream
 
 log = structlog.stdlib.get_logger("shepherd.proxy")
+
+
+def describe(model: Model) -> FollowedModel:
+    """What the job says of the model it follows: its number, and how the program made it."""
+    body = model.create.body
+    lora = body.get("lora_config") if isinstance(body.get("lora_config"), dict) else {}
+    rank = lora.get("rank") if isinstance(lora, dict) else None
+    path = body.get("path") if model.create.op == "load_weights" else None
+    base = body.get("base_model")
+    return FollowedModel(
+        number=model.index + 1,
+        base_model=base if isinstance(base, str) else None,
+        lora_rank=rank if isinstance(rank, int) else None,
+        loaded_from=path if isinstance(path, str) else None,
+    )
 
 
 class Refused(Exception):
@@ -113,6 +129,10 @@ class Core:
         self._shepherd_names = ids.shepherd_checkpoint(settings.checkpoint_prefix)
         #: Sampled sequences' log-probabilities, and the provenance spans that name them.
         self.spans = Spans(self.futures)
+        #: The index of the job's model (:meth:`is_followed`): a number the spec gives, else
+        #: the first model until ``last`` moves on to a newer one that trains.
+        follow = settings.follow
+        self.followed_index = int(follow) - 1 if follow.isdigit() else 0
 
     # ----------------------------------------------------------------- plumbing
 
@@ -146,8 +166,27 @@ class Core:
         raise checkpoint events and are the ones a restore reports, pause and finish take and
         Shepherd promotes, and the proxy keeps it on the trainer after the program closed it
         (SDKs finish their session on the way out, before the final checkpoint). Every such
-        decision asks here. Today: the first model the program created."""
-        return model.index == 0
+        decision asks here: the model ``settings.follow`` names (:meth:`trained`)."""
+        return model.index == self.followed_index
+
+    def made(self, model: Model) -> None:
+        """The program made ``model``: when it is the job's, the job is told which it is."""
+        if self.is_followed(model):
+            self.emit(FollowEvent(model=describe(model), step=model.reported_step))
+
+    def trained(self, model: Model) -> None:
+        """``model`` logged an optimizer step. Following ``last``, the job follows the newest
+        model the program has trained — a pipeline's SFT model, then its reward model, then
+        its RL policy — and never goes back to an older one (a program that trains two models
+        in turn, an actor and a critic, is followed by the later-made of them): the job is
+        told (:class:`FollowEvent`), and its step is that model's from then on."""
+        if self.settings.follow != "last" or model.index <= self.followed_index:
+            return
+        self.followed_index = model.index
+        self.progress.step = model.reported_step
+        self.progress.digests.clear()  # (another model's weights)
+        log.info("proxy.following", model=model.program_id, number=model.index + 1)
+        self.emit(FollowEvent(model=describe(model), step=model.reported_step))
 
     def followed(self) -> Model | None:
         """The job's model (see :meth:`is_followed`); None while the program has made none."""

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shepherd.models import CheckpointRecord
+from shepherd.models import CheckpointRecord, FollowedModel
 from shepherd.proxy.settings import PROGRESS_HISTORY
 
 
@@ -50,7 +50,19 @@ class TrainerLostEvent(_Event):
     state: str | None = None
 
 
-ProxyEvent = Annotated[StepEvent | CheckpointEvent | TrainerLostEvent, Field(discriminator="kind")]
+class FollowEvent(_Event):
+    """The job follows another of the program's models from now on (``follow: last``: a
+    newer model trained): its steps, checkpoints and promotion are that model's."""
+
+    kind: Literal["follow"] = "follow"
+    model: FollowedModel
+    #: That model's step (the job's step from now on).
+    step: int
+
+
+ProxyEvent = Annotated[
+    StepEvent | CheckpointEvent | TrainerLostEvent | FollowEvent, Field(discriminator="kind")
+]
 
 
 class AttachResult(BaseModel):

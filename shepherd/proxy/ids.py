@@ -47,7 +47,7 @@ def split_path(path: str) -> tuple[str, str, str] | None:
 
 
 def shepherd_checkpoint(prefix: str) -> re.Pattern[str]:
-    """Names of Shepherd's own checkpoints (``step-00000040``, ``…-m1``, ``…-sampler``):
+    """Names of Shepherd's own checkpoints (``step-00000040``, ``…-m2``, ``…-sampler``):
     the program did not save them, so its listings do not show them."""
     return re.compile(rf"{re.escape(prefix)}\d{{8}}(-m\d+)?(-sampler)?\Z")
 

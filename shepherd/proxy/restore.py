@@ -88,10 +88,15 @@ async def ensure_model(
     core.ids.learn_run(model.trainer_id, model.program_id)
     info = await core.model_info(model, up)
     if model.step_base is None:
-        # A model the program loaded from a checkpoint counts on from its step (when
-        # the trainer says which: localplane's get_info does).
+        # A model the program resumed (a checkpoint's weights *and* optimizer state: its
+        # own, after its worker died, or the job's it retries) counts on from the
+        # checkpoint's step, when the trainer says which (localplane's get_info does). One
+        # it only started from another run's weights (the cookbook's load_checkpoint_path)
+        # counts the steps the program applies, from 0: what the program itself sees.
         steps = info.get("optim_steps")
-        model.step_base = steps if isinstance(steps, int) else 0
+        resumed = create.op == "load_weights" and bool(create.body.get("optimizer"))
+        model.trainer_base = steps if isinstance(steps, int) else 0
+        model.step_base = model.trainer_base if resumed else 0
     create.resolve(
         {"type": create.op, "model_id": model.program_id, "path": create.body.get("path")}
         if create.op == "load_weights"

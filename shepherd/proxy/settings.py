@@ -123,16 +123,21 @@ class ProxySettings(BaseModel):
     #: See :data:`RETRIEVE_HOLD_S` and :data:`DIRECT_HOLD_S` (tests shorten them).
     retrieve_hold_s: float = Field(default=RETRIEVE_HOLD_S, gt=0, le=40.0)
     direct_hold_s: float = Field(default=DIRECT_HOLD_S, gt=0, le=55.0)
+    #: Which of the program's models is the job's (its steps, checkpoints, promotion):
+    #: ``last`` (the newest model the program has trained: a pipeline's final stage), ``first``,
+    #: or the 1-based number of the model in the order the program made them.
+    follow: str = Field(default="last", pattern=r"^(last|first|[1-9][0-9]{0,5})$")
     #: The job's durable log directory: the proxy keeps the program's checkpoint paths there
     #: (:data:`IDS_FILE`), so the proxy of a program started again (its worker died) reads
     #: the paths the program wrote down as the first proxy gave them. None: kept in memory.
     state_dir: str | None = None
 
     def checkpoint_name(self, step: int, model_index: int = 0) -> str:
-        """Shepherd's name of the checkpoint of the job's model (``model_index`` 0) at
-        ``step``; a program's further models get a suffix, so names never collide."""
+        """Shepherd's name of the checkpoint at ``step`` of the program's first model
+        (``model_index`` 0); its further models' get their number as a suffix (``-m3``: the
+        third model the program made, as ``status`` numbers it), so names never collide."""
         name = f"{self.checkpoint_prefix}{step:08d}"
-        return name if model_index == 0 else f"{name}-m{model_index}"
+        return name if model_index == 0 else f"{name}-m{model_index + 1}"
 
     def race_delay(self, race: int) -> float:
         """Seconds before route-race retry ``race`` (1-based): growing geometrically from

@@ -181,7 +181,7 @@ class Model:
     program_id: str
     session: Session
     #: The order the program made it in (0: its first). Shepherd's checkpoints of a model
-    #: other than the first carry a suffix (``-m1``); which model is the job's is
+    #: other than the first carry its number (``-m2``); which model is the job's is
     #: :meth:`~shepherd.proxy.core.Core.is_followed`'s to say.
     index: int
     create: Op
@@ -207,6 +207,11 @@ class Model:
     #: ``step_base`` (the step of the checkpoint the program loaded its model from).
     step: int = 0
     step_base: int | None = None
+    #: The trainer's count of the model's optimizer steps when it was made (a checkpoint's
+    #: steps carry over): the trainer's count less this is the steps applied since.
+    trainer_base: int = 0
+    #: The last of its steps reported as a step event (while it is the job's model).
+    reported_step: int = 0
     #: forward_backwards since the last optim_step logged (the next step's).
     cur_fbs: list[Op] = field(default_factory=list)
     #: optim_steps whose step event is still to be sent, in order.

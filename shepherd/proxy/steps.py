@@ -33,13 +33,16 @@ def flush(core: Core, model: Model) -> None:
         if not op.done or not all(fb.done for fb in op.fbs):
             return
         model.step_queue.pop(0)
-        if op.error is not None or op.step_after is None or not core.is_followed(model):
+        if op.error is not None or op.step_after is None:
+            continue
+        step = (model.step_base or 0) + op.step_after
+        if step <= model.reported_step:
+            continue  # reported before the loss; the redo answered it again
+        model.reported_step = step
+        if not core.is_followed(model):
             continue
         losses = [x for x in (loss_of(fb) for fb in op.fbs) if x is not None]
         loss = sum(losses) / len(losses) if losses else None
-        step = (model.step_base or 0) + op.step_after
-        if step <= core.progress.step:
-            continue  # reported before the loss; the redo answered it again
         core.progress.step = step
         if loss is not None:
             core.progress.record_loss(step, loss)
@@ -99,7 +102,10 @@ async def _fetch_digest(core: Core, model: Model, up: Upstream) -> None:
                 core.ask_digests = False  # this trainer reports none: stop asking
                 return
             if isinstance(steps, int) and model.gen == core.gen:
-                core.progress.record_digest(steps, digest)
+                # By the job's step (the trainer counts on from a checkpoint's steps).
+                core.progress.record_digest(
+                    steps - model.trainer_base + (model.step_base or 0), digest
+                )
             if not model.digest_again:
                 return
     finally:

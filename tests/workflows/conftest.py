@@ -270,6 +270,8 @@ async def programs_env(
                 "idle": {"module": "tests.workflows.idle_program"},
                 # A loop that writes its own metrics (a score that peaks) where it is told.
                 "scored": {"module": "tests.workflows.scored_program", "total_steps_arg": "steps"},
+                # Three models in turn (SFT, a reward model, a policy from the SFT state).
+                "pipeline": {"module": "tests.workflows.pipeline_program"},
             }
         ),
     )

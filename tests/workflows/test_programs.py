@@ -13,6 +13,7 @@ import contextlib
 import json
 import signal
 import uuid
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -227,10 +228,17 @@ async def test_a_preemption_while_the_proxy_restores_is_recovered_too(
 
 async def until_printed(directory: Path, handle: WorkflowHandle[Any, Any], step: int) -> None:
     """Wait until the program printed step ``step`` (a test-side wait)."""
+    await until_printed_where(directory, handle, lambda line: line.get("step", 0) >= step)
+
+
+async def until_printed_where(
+    directory: Path, handle: WorkflowHandle[Any, Any], check: Callable[[dict[str, Any]], bool]
+) -> None:
+    """Wait until the program printed a line ``check`` accepts (a test-side wait)."""
     async with asyncio.timeout(60):
         while True:
             with contextlib.suppress(OSError, ValueError):
-                if any(line.get("step", 0) >= step for line in printed(directory, handle)):
+                if any(check(line) for line in printed(directory, handle)):
                     return
             await asyncio.sleep(0.1)
 
