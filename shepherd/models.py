@@ -632,6 +632,10 @@ class CarriedFlags(Model):
     prune_unsupported: bool = False
     pauses: int = 0
     event_state: str | None = None
+    #: What the platform said with that state (a death's reason: a preemption is told by it),
+    #: and as of when: the freshest state the workflow holds.
+    event_message: str = ""
+    observed_at: datetime | None = None
     event_id: int = 0
     session: TrainerSession | None = None
     #: A recovery was bringing the trainer back.

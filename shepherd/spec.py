@@ -500,7 +500,7 @@ class PoliciesSpec(SpecModel):
     heartbeat_timeout: Duration = timedelta(seconds=4)
     #: Continue-as-new once the history holds this many events (Temporal's own suggestion
     #: also triggers it), so a 100 000-step job keeps a small history.
-    max_history_events: Int = Field(default=10_000, ge=200, le=50_000)
+    max_history_events: Int = Field(default=10_000, ge=100, le=50_000)
 
     @model_validator(mode="after")
     def _positive(self) -> PoliciesSpec:

@@ -99,10 +99,10 @@ class JobContext:
         self.pauses = flags.pauses
         #: The trainer's state as platform events (or the freshest poll) say.
         self.event_state = flags.event_state
-        self.event_message = ""
+        self.event_message = flags.event_message
         self.event_id = flags.event_id
         #: Platform update time of the freshest state observed; older reports are stale.
-        self.observed_at: datetime | None = None
+        self.observed_at: datetime | None = flags.observed_at
         #: A loop's model on the live trainer (Tinker API) and its next seq_id.
         self.session: TrainerSession | None = flags.session
         #: The promotion under way (from its request until the model is READY): a cancel
@@ -357,6 +357,8 @@ class JobContext:
                     prune_unsupported=self.prune_unsupported,
                     pauses=self.pauses,
                     event_state=self.event_state,
+                    event_message=self.event_message,
+                    observed_at=self.observed_at,
                     event_id=self.event_id,
                     session=self.session,
                     recovering=self.recovering,

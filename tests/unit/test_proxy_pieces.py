@@ -94,7 +94,7 @@ def test_shepherds_checkpoint_names_are_told_from_the_programs() -> None:
 def test_checkpoint_names_and_route_race_delays() -> None:
     s = _settings()
     assert s.checkpoint_name(40) == "step-00000040"
-    assert s.checkpoint_name(40, 2) == "step-00000040-m2"
+    assert s.checkpoint_name(40, 2) == "step-00000040-m3"
     delays = [s.race_delay(i) for i in range(1, s.route_race_retries + 1)]
     assert delays[0] == pytest.approx(MIN_ROUTE_RACE_DELAY_S)
     assert delays == sorted(delays)

@@ -12,8 +12,8 @@ import sys
 import tinker
 from tinker import types
 
+from tests.plane.sdk_support import byte_datums
 from tests.workflows.fork_program import digest
-from tests.workflows.scored_program import datum
 
 ARGS = dict(arg.split("=", 1) for arg in sys.argv[1:] if "=" in arg)
 BASE = "accounts/fireworks/models/qwen3-8b"
@@ -29,7 +29,7 @@ def say(**fields: object) -> None:
 
 
 def stage(name: str, training: tinker.TrainingClient, steps: int) -> str | None:
-    data = [datum(list(line.encode())) for line in DATA[name]]
+    data = byte_datums(types, DATA[name])
     for step in range(1, steps + 1):
         loss = training.forward_backward(data, "cross_entropy").result().metrics["loss:sum"]
         training.optim_step(types.AdamParams(learning_rate=0.01)).result()

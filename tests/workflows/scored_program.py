@@ -16,24 +16,11 @@ import sys
 import tinker
 from tinker import types
 
+from tests.plane.sdk_support import byte_datums
 from tests.workflows.fork_program import digest
 
 ARGS = dict(arg.split("=", 1) for arg in sys.argv[1:] if "=" in arg)
 CORPUS = ["hello world\n", "hello there\n"]
-
-
-def datum(tokens: list[int]) -> types.Datum:
-    return types.Datum(
-        model_input=types.ModelInput.from_ints(tokens[:-1]),
-        loss_fn_inputs={
-            "target_tokens": types.TensorData(
-                data=tokens[1:], dtype="int64", shape=[len(tokens) - 1]
-            ),
-            "weights": types.TensorData(
-                data=[1.0] * (len(tokens) - 1), dtype="float32", shape=[len(tokens) - 1]
-            ),
-        },
-    )
 
 
 def main(steps: int, peak: int) -> None:
@@ -42,7 +29,7 @@ def main(steps: int, peak: int) -> None:
         training = service.create_lora_training_client(
             base_model="accounts/fireworks/models/qwen3-8b", rank=4, seed=0
         ).result()
-        data = [datum(list(line.encode())) for line in CORPUS]
+        data = byte_datums(types, CORPUS)
         for step in range(1, steps + 1):
             loss = training.forward_backward(data, "cross_entropy").result().metrics["loss:sum"]
             training.optim_step(types.AdamParams(learning_rate=0.01)).result()
