@@ -58,7 +58,11 @@ class PreflightActivities:
         if problems:
             log().info("job.preflight_refused", problems=[p for _, p in problems])
             raise refusal("; ".join(p for _, p in problems), problems[0][0])
-        return PreflightResult(total_steps=_program_total(inp))
+        profile = getattr(self.clients, "profiles", {}).get(inp.backend)
+        return PreflightResult(
+            total_steps=_program_total(inp),
+            admission=getattr(profile, "slots", None) is not None,
+        )
 
     async def _base_model_problem(self, inp: PreflightInput) -> str | None:
         m = rules.MODEL_NAME_RE.match(inp.base_model)

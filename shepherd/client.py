@@ -58,6 +58,7 @@ from shepherd.models import (
 from shepherd.phases import Phase
 from shepherd.preflight import SubmissionRefused
 from shepherd.schedules import Schedules
+from shepherd.scheduling import Placement, scheduler_id
 from shepherd.spec import (
     JOB_NAME,
     QUEUE_NAME,
@@ -213,7 +214,7 @@ def _task_queue(value: Any) -> str | None:
         raise input_error(
             "task_queue",
             "must be a task queue name: 1-200 characters of letters, digits, '.', '_', ':', "
-            "'/' and '-' (or None: the spec's scheduling.queue, else the connection's)",
+            "'/' and '-' (or None: the spec's scheduling.task_queue, else the connection's)",
             "argument",
         )
     return value
@@ -433,7 +434,19 @@ class JobHandle:
         status = outcome.reconcile(status, desc.status, failure)
         if closed and status.cleanup != "done" and status.trainer_job_id:
             await self._after_the_end(status, desc.close_time)
+        if status.admission and not closed:
+            status.placement = await self._placement(status)
         return status
+
+    async def _placement(self, status: JobStatus) -> Placement | None:
+        """Where a job waiting for admission stands, as its backend's scheduler says."""
+        handle = self._sh.client.get_workflow_handle(scheduler_id(status.backend))
+        try:
+            return await handle.query(
+                "where", self.id, result_type=Placement, rpc_timeout=STATUS_QUERY_TIMEOUT
+            )
+        except (WorkflowQueryFailedError, RPCError):
+            return None  # best effort: the job's own status says it waits
 
     async def _after_the_end(self, status: JobStatus, closed_at: datetime | None) -> None:
         """A job that ended without deleting its trainer: what the platform state it last
@@ -511,6 +524,7 @@ class JobHandle:
                     status.step,
                     status.total_steps,
                     status.metrics_step,
+                    status.placement.position if status.placement else None,
                     status.platform_state,
                     len(status.recoveries),
                     status.paused_checkpoint,
@@ -747,7 +761,7 @@ class Shepherd:
             check_workflow_id(workflow_id)
         elif rerun:
             raise input_error("rerun", "a re-run needs the workflow id to run again", "argument")
-        queue = _task_queue(task_queue) or spec.base.scheduling.queue or self.task_queue
+        queue = _task_queue(task_queue) or spec.base.scheduling.task_queue or self.task_queue
         await check_workers(self.client, spec.base, queue, "base.")
         model_id = spec.promote_best.model_id if spec.promote_best else None
         claim = [SearchAttributePair(sa.OUTPUT_MODEL, model_id)] if model_id else []
@@ -878,7 +892,7 @@ class Shepherd:
             check_workflow_id(workflow_id)
         elif rerun:
             raise input_error("rerun", "a re-run needs the workflow id to run again", "argument")
-        return job_spec, queue or job_spec.scheduling.queue or self.task_queue
+        return job_spec, queue or job_spec.scheduling.task_queue or self.task_queue
 
     async def _check_parent(self, parent_workflow_id: Any) -> None:
         """The parent a job is linked to must be a job (``retry`` links to its own)."""

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel
+from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 
@@ -135,14 +136,24 @@ async def plan_job(
 async def check_workers(client: Client, spec: JobSpec, task_queue: str, prefix: str = "") -> None:
     """Workers poll the job's task queues, and one of them serves its backend and has its
     loop registered (``prefix``: where the spec sits, e.g. ``base.`` in a sweep)."""
-    activities = spec.scheduling.queue or task_queue
-    queue_field = "scheduling.queue" if spec.scheduling.queue == task_queue else "task_queue"
+    activities = spec.scheduling.task_queue or task_queue
+    queue_field = (
+        "scheduling.task_queue" if spec.scheduling.task_queue == task_queue else "task_queue"
+    )
     await preflight.check_polled(client, task_queue, prefix + queue_field, activities=False)
     if activities != task_queue:
         await preflight.check_polled(
-            client, activities, f"{prefix}scheduling.queue", activities=True
+            client, activities, f"{prefix}scheduling.task_queue", activities=True
         )
+    await check_not_a_task_queue(client, spec, activities, prefix)
     await preflight.check_backend(client, activities, spec.backend, f"{prefix}backend")
+    await preflight.check_capabilities(
+        client,
+        activities,
+        spec.backend,
+        spec.scheduling.required_capabilities,
+        f"{prefix}scheduling.required_capabilities",
+    )
     if spec.training.program is not None:
         await preflight.check_registered(
             client, activities, "programs", spec.training.program, f"{prefix}training.program"
@@ -150,6 +161,24 @@ async def check_workers(client: Client, spec: JobSpec, task_queue: str, prefix: 
     else:
         await preflight.check_registered(
             client, activities, "loops", spec.training.loop, f"{prefix}training.loop"
+        )
+
+
+async def check_not_a_task_queue(client: Client, spec: JobSpec, runs_on: str, prefix: str) -> None:
+    """``scheduling.queue`` was the job's Temporal task queue; it is its admission queue now.
+    A spec that names the task queue of other workers there means to run on them: refused,
+    naming the field that does that now (a spec naming the queue it runs on anyway, or a
+    queue no worker polls, keeps working)."""
+    queue = spec.scheduling.queue
+    if queue is None or queue == runs_on or spec.scheduling.task_queue is not None:
+        return
+    if await preflight.pollers(client, queue, TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY):
+        raise preflight.SubmissionRefused(
+            f"{prefix}scheduling.queue",
+            f"is the admission queue (a team's share of the backend's capacity) since "
+            f"Shepherd schedules jobs itself; {queue!r} is the task queue of running workers: "
+            f"to run the job on them, set scheduling.task_queue: {queue} (and scheduling.queue "
+            "to its team's queue, or leave it out for the default one)",
         )
 
 

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from shepherd.curves import CurvePoint
 from shepherd.phases import Phase
+from shepherd.scheduling import Ask, Checkpointed, MakeWay, Placement, Release
 from shepherd.spec import JobSpec, TrainerSpec
 
 
@@ -239,6 +240,8 @@ class PreflightResult(Model):
 
     #: A program's total of optimizer steps, from its arguments (its registration says which).
     total_steps: int | None = None
+    #: The backend declares its capacity: the job waits for admission in Shepherd.
+    admission: bool = False
 
 
 class PublishInput(Model):
@@ -499,6 +502,13 @@ class JobStatus(Model):
     metric_curves: dict[str, list[CurvePoint]] = Field(default_factory=dict)
     #: A program's job: the program's model it follows (its steps, checkpoints, promotion).
     following: FollowedModel | None = None
+    #: Waiting for admission in Shepherd's queue (what it waits in); ``placement`` is its
+    #: place and what it waits for, which a client reads from the backend's scheduler.
+    admission: str | None = None
+    placement: Placement | None = None
+    #: Times the scheduler had the job make way for a more urgent one (apart from the
+    #: platform's preemptions: ``recoveries`` lists them as ``priority``).
+    priority_preemptions: int = 0
     checkpoints: list[CheckpointRecord] = Field(default_factory=list)
     best: CheckpointRecord | None = None
     preemptions: int = 0
@@ -570,6 +580,8 @@ class JobStatus(Model):
         if shown := self.headline_metrics():
             at = f" (its step {self.metrics_step})" if self.metrics_step is not None else ""
             lines.append(f"program{at}: " + " · ".join(f"{k} {v:.4g}" for k, v in shown.items()))
+        if self.admission:
+            lines.append(self.admission)
         if self.notices:
             lines.append(f"⚠ {self.notices[-1]}")
         if self.following is not None and self.following.number > 1:
@@ -619,6 +631,24 @@ class ProgramCarry(Model):
     prune: bool = False
 
 
+class SlotHold(Model):
+    """A job's side of its admission (carried across continue-as-new)."""
+
+    #: The job's backend has a scheduler (its profile declares slots): the job waits for
+    #: admission before each trainer.
+    enabled: bool = False
+    #: The job's request number, and whether it was asked / granted.
+    seq: int = 0
+    asked: bool = False
+    held: bool = False
+    #: Its place of arrival (kept when it is requeued after making way for another).
+    arrival: int = 0
+    #: It told the scheduler it checkpointed since it was admitted.
+    noted: bool = False
+    #: The scheduler asked it to make way (for another job) while it held its slot.
+    make_way: MakeWay | None = None
+
+
 class CarriedFlags(Model):
     """The lifecycle's internal state carried across continue-as-new (with the status)."""
 
@@ -640,8 +670,25 @@ class CarriedFlags(Model):
     session: TrainerSession | None = None
     #: A recovery was bringing the trainer back.
     recovering: bool = False
+    #: The job's admission to a slot (workflows/slot.py).
+    slot: SlotHold = Field(default_factory=lambda: SlotHold())
     #: A program job's program (None: a loop's job).
     program: ProgramCarry | None = None
+
+
+class AskForSlotInput(Model):
+    """A job's request for a slot, to its backend's scheduler (activities/scheduling.py)."""
+
+    backend: str
+    ask: Ask
+
+
+class SlotNoteInput(Model):
+    """A job's word to its backend's scheduler: its slot given back, or a checkpoint."""
+
+    backend: str
+    release: Release | None = None
+    checkpointed: Checkpointed | None = None
 
 
 class JobInput(Model):

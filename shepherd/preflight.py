@@ -118,7 +118,7 @@ def reuse_policy(rerun: bool) -> WorkflowIDReusePolicy:
 #: What a worker advertises, each as `` <kind>=name,name`` after its pid@host: the backend
 #: profiles it reaches, the training loops registered with it (and, room for them, the
 #: programs). Names never hold spaces or commas (spec.BACKEND_NAME, spec.LOOP_NAME).
-ADVERTISED = ("backends", "loops", "programs")
+ADVERTISED = ("backends", "loops", "programs", "caps")
 #: Temporal refuses identities longer than its id limit (1000 by default): a list that
 #: would not fit is advertised as "*" (not listed: nothing can be said about it).
 MAX_IDENTITY = 900
@@ -129,12 +129,13 @@ def worker_identity(
     *,
     loops: Iterable[str] | None = None,
     programs: Iterable[str] | None = None,
+    capabilities: Iterable[str] | None = None,
 ) -> str:
     """A worker's Temporal identity, advertising the backend profiles it can reach and
     the loops (programs) registered with it; a submission reads them back from the task
     queue's pollers (:func:`advertised`)."""
     identity = f"{os.getpid()}@{socket.gethostname()}{_BACKENDS}{','.join(sorted(backends))}"
-    for kind, names in (("loops", loops), ("programs", programs)):
+    for kind, names in (("loops", loops), ("programs", programs), ("caps", capabilities)):
         if names is None:
             continue
         listed = f" {kind}={','.join(sorted(names))}"
@@ -196,6 +197,28 @@ async def check_backend(client: Client, task_queue: str, backend: str, field: st
             field,
             f"no worker on task queue {task_queue!r} serves backend {backend!r} "
             f"(they serve: {', '.join(sorted(served)) or 'none'}); see SHEPHERD_BACKENDS",
+        )
+
+
+async def check_capabilities(
+    client: Client, task_queue: str, backend: str, required: Iterable[str], field: str
+) -> None:
+    """Refuse a job needing capabilities no worker's profile of its backend declares (the
+    workers advertise ``<backend>/<tag>``; where none advertises any, the job's preflight
+    checks on the worker)."""
+    wanted = set(required)
+    if not wanted:
+        return
+    declared = await advertised(client, task_queue, "caps")
+    if declared is None:
+        return
+    offered = {c.partition("/")[2] for c in declared if c.partition("/")[0] == backend}
+    if missing := sorted(wanted - offered):
+        raise SubmissionRefused(
+            field,
+            f"backend {backend!r} declares no capability {', '.join(missing)} on any worker "
+            f"of task queue {task_queue!r} (it declares: {', '.join(sorted(offered)) or 'none'}; "
+            "see SHEPHERD_BACKEND_<NAME>_CAPABILITIES)",
         )
 
 

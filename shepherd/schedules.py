@@ -244,7 +244,7 @@ class Schedules:
             WORKFLOW_TYPE,
             JobInput(spec=template, templated=True),
             id=f"job-{template.name}",  # Temporal appends each run's scheduled time
-            task_queue=task_queue or template.scheduling.queue or self.task_queue,
+            task_queue=task_queue or template.scheduling.task_queue or self.task_queue,
             typed_search_attributes=attrs,
             static_summary=f"scheduled by {name}: " + static_summary(template),
         )

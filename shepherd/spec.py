@@ -183,6 +183,8 @@ BACKEND_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}\Z")
 METRIC_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:/-]{0,63}\Z")
 #: Temporal task queue names Shepherd accepts: no spaces or control characters.
 QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,199}\Z")
+#: Capability tags a backend declares and a job requires.
+CAPABILITY = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}\Z")
 #: The metrics the built-in loops' evaluations report (shepherd.loops declares them on the
 #: loops; a spec naming another one would fail at its first evaluation).
 BUILTIN_LOOP_METRICS: dict[str, tuple[str, ...]] = {"supervised": ("eval_loss",)}
@@ -460,11 +462,22 @@ class OutputSpec(SpecModel):
 
 
 class SchedulingSpec(SpecModel):
-    #: Temporal task queue for this job's activities (None: the worker's default).
+    #: The admission queue — a team's share of the backend's capacity (its quota, what it
+    #: may borrow: shepherd/scheduling.py) — where the job waits for its slot, where the
+    #: backend declares its capacity (None: the ``default`` queue).
     queue: str | None = Field(default=None, min_length=1, max_length=200)
-    #: 0 (lowest) .. 10 (most urgent): maps to Temporal's task priority.
+    #: The Temporal task queue of the workers that run this job (None: the client's).
+    task_queue: str | None = Field(default=None, min_length=1, max_length=200)
+    #: 0 (lowest) .. 10 (most urgent): the order of admission within its queue (and
+    #: Temporal's task priority).
     priority: Int = Field(default=5, ge=0, le=10)
+    #: The job may be paused for a more urgent one (it resumes by itself when its turn
+    #: comes, from its checkpoint), and its trainers may be spot (preemptible) ones.
     preemptible: bool = False
+    #: Capability tags the backend must declare (its profile's ``capabilities``: an
+    #: accelerator, a region ...); a job is refused at submission where no worker's backend
+    #: has them.
+    required_capabilities: list[str] = Field(default_factory=list, max_length=16)
     #: Hard bound on the job's whole life; past it the job fails (and the trainer is deleted).
     max_runtime: Duration | None = None
 
@@ -763,13 +776,21 @@ def submission_problems(spec: JobSpec) -> list[SpecProblem]:
         refuse(
             "checkpoint.metric", f"the built-in loop {tr.loop!r} reports only {', '.join(reports)}"
         )
-    queue = spec.scheduling.queue
-    if queue is not None and not QUEUE_NAME.match(queue):
-        refuse(
-            "scheduling.queue",
-            "must be a task queue name: 1-200 characters of letters, digits, '.', '_', ':', "
-            "'/' and '-'",
-        )
+    for field in ("queue", "task_queue"):
+        queue = getattr(spec.scheduling, field)
+        if queue is not None and not QUEUE_NAME.match(queue):
+            refuse(
+                f"scheduling.{field}",
+                "must be a queue name: 1-200 characters of letters, digits, '.', '_', ':', "
+                "'/' and '-'",
+            )
+    for i, tag in enumerate(spec.scheduling.required_capabilities):
+        if not CAPABILITY.match(tag):
+            refuse(
+                f"scheduling.required_capabilities[{i}]",
+                "a capability tag is 1-63 characters of a-z, 0-9, '.', '_' and '-' "
+                "(e.g. h100, region-eu)",
+            )
     for key, label in spec.labels.items():
         if problem := label_problem(key, label):
             refuse("labels", problem)

@@ -9,16 +9,27 @@ its key). Keys are read here, at the edge, and never travel in workflow inputs o
     SHEPHERD_BACKEND_<NAME>_ACCOUNT=...            account id (default: resolved from the key)
     SHEPHERD_BACKEND_<NAME>_EVENTS=true|false      subscribe to the platform's event stream
     SHEPHERD_BACKEND_<NAME>_TIMEOUT=30             per-request timeout, seconds
+    SHEPHERD_BACKEND_<NAME>_SLOTS=4                its capacity: trainers Shepherd lets its
+                                                   jobs hold at once (unset: no admission in
+                                                   Shepherd; the platform's queue decides)
+    SHEPHERD_BACKEND_<NAME>_CAPABILITIES=h100,eu   capability tags it offers
+    SHEPHERD_BACKEND_<NAME>_QUEUES='{"team-a": {"quota": 2, "borrow_limit": 1}}'
+                                                   its admission queues, when its scheduler
+                                                   first starts (then: ``shepherd queues``)
+    SHEPHERD_BACKEND_<NAME>_HOLDER_CHECK=30        seconds: a job closed without a word (say,
+                                                   terminated) has its slot taken back within
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from shepherd.platform import PlatformClient
+from shepherd.scheduling import QueueConfig
 
 #: Defaults per well-known profile name.
 _DEFAULTS: dict[str, dict[str, object]] = {
@@ -43,6 +54,13 @@ class BackendProfile(BaseModel):
     account_id: str | None = None
     events: bool = False
     timeout_s: float = Field(default=30.0, gt=0)
+    #: Its capacity for Shepherd's admission (None: none; the platform queues the jobs).
+    slots: int | None = Field(default=None, ge=0)
+    capabilities: list[str] = Field(default_factory=list)
+    #: Its queues' configs, a new scheduler's seed (shepherd/scheduling.py).
+    queues: dict[str, QueueConfig] = Field(default_factory=dict)
+    #: How often its scheduler takes back the slots of jobs closed without a word.
+    holder_check_s: float = Field(default=30.0, gt=0)
 
     def api_key(self, env: Mapping[str, str]) -> str | None:
         return env.get(self.api_key_env) or None
@@ -69,11 +87,41 @@ def profiles_from_env(env: Mapping[str, str] | None = None) -> dict[str, Backend
             "events": env.get(prefix + "EVENTS", str(base.get("events", False))).lower()
             in ("1", "true", "yes"),
             "timeout_s": float(env.get(prefix + "TIMEOUT", "30")),
+            "slots": _slots(env.get(prefix + "SLOTS"), prefix + "SLOTS"),
+            "capabilities": [
+                t.strip() for t in env.get(prefix + "CAPABILITIES", "").split(",") if t.strip()
+            ],
+            "queues": _queues(env.get(prefix + "QUEUES"), prefix + "QUEUES"),
+            "holder_check_s": float(env.get(prefix + "HOLDER_CHECK", "30")),
         }
         if not values["url"]:
             raise BackendConfigError(f"backend {name!r}: set {prefix}URL")
         profiles[name] = BackendProfile(name=name, **values)
     return profiles
+
+
+def _slots(raw: str | None, name: str) -> int | None:
+    if raw is None or not raw.strip():
+        return None
+    try:
+        slots = int(raw)
+    except ValueError:
+        raise BackendConfigError(f"{name}: {raw!r} is not a whole number of slots") from None
+    if slots < 0:
+        raise BackendConfigError(f"{name}: must be >= 0")
+    return slots
+
+
+def _queues(raw: str | None, name: str) -> dict[str, QueueConfig]:
+    if raw is None or not raw.strip():
+        return {}
+    try:
+        data = json.loads(raw)
+        if not isinstance(data, dict):
+            raise ValueError("an object of queue name -> {quota, borrow_limit, weight}")
+        return {q: QueueConfig.model_validate({**conf, "name": q}) for q, conf in data.items()}
+    except (ValueError, TypeError, ValidationError) as exc:
+        raise BackendConfigError(f"{name}: {str(exc).splitlines()[0]}") from None
 
 
 class BackendRegistry:

@@ -35,6 +35,7 @@ from activities.provisioning import ProvisioningActivities
 from activities.readiness import ReadinessActivities
 from activities.reaper import ReaperActivities
 from activities.recovery import RecoveryActivities
+from activities.scheduling import SchedulingActivities
 from activities.sweeps import SweepActivities
 from activities.training import TrainingActivities
 from shepherd import loops, programs
@@ -46,11 +47,12 @@ from workers.events import EventBridge
 from workflows import policies
 from workflows.job import TrainingJobWorkflow
 from workflows.reaper import ReaperWorkflow
+from workflows.scheduler import SchedulerWorkflow
 from workflows.sweep import SweepWorkflow
 
 log = structlog.stdlib.get_logger("shepherd.worker")
 
-WORKFLOWS: list[type] = [TrainingJobWorkflow, SweepWorkflow, ReaperWorkflow]
+WORKFLOWS: list[type] = [TrainingJobWorkflow, SweepWorkflow, ReaperWorkflow, SchedulerWorkflow]
 
 
 def activities_for(
@@ -71,6 +73,7 @@ def activities_for(
         ClaimActivities(),  # uses the worker's Temporal client
         ReaperActivities(registry),  # and this one too, for visibility
         ProgramActivities(registry, control_queue or f"programs-{uuid.uuid4().hex}"),
+        SchedulingActivities(registry),  # signals the scheduler through the Temporal client
     ]
     found = []
     for group in groups:
@@ -186,7 +189,12 @@ def workers_for(
     # Advertises the backends it serves and the loops registered with it: a submission
     # refuses a backend or loop no worker has.
     identity = worker_identity(
-        registry.profiles, loops=_registered_loops(), programs=_registered_programs()
+        registry.profiles,
+        loops=_registered_loops(),
+        programs=_registered_programs(),
+        capabilities=[
+            f"{name}/{tag}" for name, p in registry.profiles.items() for tag in p.capabilities
+        ],
     )
     return [
         Worker(

@@ -88,6 +88,8 @@ async def preflight(ctx: JobContext) -> None:
     )
     if checked is not None and checked.total_steps and not spec.training.total_steps:
         ctx.s.total_steps = checked.total_steps  # a program's, from its arguments
+    if checked is not None:
+        ctx.slot.enabled = checked.admission
 
 
 def fill_templates(ctx: JobContext) -> None:

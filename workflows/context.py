@@ -122,7 +122,10 @@ class JobContext:
         self.recovering = flags.recovering
         #: What the work carries across continue-as-new (set by the workflow).
         self.carry_work: Callable[[], ProgramCarry | None] = lambda: None
-        self.queue = self.spec.scheduling.queue
+        #: The task queue of the job's activities (None: the workflow's own).
+        self.queue = self.spec.scheduling.task_queue
+        #: The job's side of its admission to a slot (workflows/slot.py).
+        self.slot = flags.slot
         # spec priority 10 (most urgent) .. 0 -> Temporal priority key 1 .. 5 (lower runs first)
         self.priority = Priority(priority_key=5 - round(self.spec.scheduling.priority * 4 / 10))
 
@@ -262,6 +265,17 @@ class JobContext:
             return Lost("TransientErrors", None, f"{what}: {root.message}")
         return err
 
+    def close_recovery_record(self) -> None:
+        """The trainer serves again: the last recovery's record (a platform's preemption, or
+        the scheduler's) gets how far back the job went and how long it took."""
+        if not self.s.recoveries or self.s.recoveries[-1].duration_s is not None:
+            return
+        record = self.s.recoveries[-1]
+        record.resumed_from_step = self.s.step
+        record.steps_redone = max(0, record.at_step - self.s.step)
+        record.duration_s = (workflow.now() - record.started_at).total_seconds()
+        self.publish()
+
     # ------------------------------------------------------------------ cancellation
 
     def cancel_seen(self) -> bool:
@@ -363,6 +377,7 @@ class JobContext:
                     session=self.session,
                     recovering=self.recovering,
                     program=self.carry_work(),
+                    slot=self.slot,
                 ),
             )
         )

@@ -19,7 +19,7 @@ with workflow.unsafe.imports_passed_through():
     from shepherd import search_attributes as sa
     from shepherd.models import ErrorInfo, ModelInfo, PromoteInput, PublishInput
     from shepherd.phases import Phase
-    from workflows import policies, trainer
+    from workflows import policies, slot, trainer
     from workflows.context import JobContext, root_cause
     from workflows.flow import Terminal, required
     from workflows.held import TrainerWork
@@ -31,6 +31,7 @@ async def evaluate(ctx: JobContext, work: TrainerWork) -> None:
     ctx.set_phase(Phase.EVALUATING)
     await work.finish(ctx)
     await trainer.delete(ctx)
+    await slot.give_back(ctx)
 
 
 async def promote(ctx: JobContext) -> None:
@@ -126,6 +127,7 @@ async def finish(ctx: JobContext, work: TrainerWork, phase: Phase, error: ErrorI
     try:
         await work.stop(ctx)  # before its trainer goes (it would only meet errors)
         await trainer.delete(ctx)
+        await slot.give_back(ctx)
         if phase is Phase.CANCELLED and ctx.promotion is not None:
             await ctx.act(
                 PromotionActivities.retract_model,

@@ -42,9 +42,10 @@ with workflow.unsafe.imports_passed_through():
     )
     from shepherd.phases import Phase
     from shepherd.platform import rules
+    from shepherd.scheduling import MakeWay, SlotGrant
     from shepherd.spec import JobSpec
     from shepherd.trainer_ids import trainer_prefix
-    from workflows import admission, checkpointing, finish, recovery, trainer, versions
+    from workflows import admission, checkpointing, finish, recovery, slot, trainer, versions
     from workflows.context import JobContext, root_cause
     from workflows.flow import BadSignal, Lost, PauseNow, Terminal, required
     from workflows.held import TrainerWork
@@ -125,6 +126,7 @@ class TrainingJobWorkflow:
                 if ctx.pause_requested or ctx.s.phase is Phase.PAUSED:
                     await recovery.pause(ctx, work)
                 if not ctx.trainer_live:
+                    await slot.take(ctx)  # (where the backend declares its capacity)
                     await trainer.provision(ctx, work)
                 elif not ctx.serving:
                     await recovery.come_back(ctx, work)  # (a run continued while it came up)
@@ -227,6 +229,14 @@ class TrainingJobWorkflow:
         if isinstance(self.work, ProgramTraining):
             self.work.progress(self.ctx, progress)
 
+    @workflow.signal(name="slot_granted")
+    def slot_granted(self, grant: SlotGrant) -> None:
+        slot.granted(self.ctx, grant)
+
+    @workflow.signal(name="make_way")
+    def make_way(self, notice: MakeWay) -> None:
+        slot.asked_to_make_way(self.ctx, notice)
+
     @workflow.signal(name="pause")
     # Exactly RawValue (the SDK passes the payload through only then); None: no input.
     def pause_signal(self, request: RawValue = None) -> None:  # type: ignore[assignment]
@@ -238,7 +248,7 @@ class TrainingJobWorkflow:
         if problem := self._pause_problem():
             self.ctx.notice(f"signal pause ignored: {problem}")
             return
-        self.ctx.pause_requested = True
+        self._pause()
 
     @workflow.signal(name="resume")
     # Exactly RawValue (the SDK passes the payload through only then); None: no input.
@@ -258,7 +268,7 @@ class TrainingJobWorkflow:
     async def request_pause(self, request: PauseRequest) -> PauseResult:
         """Checkpoint, delete the trainer, wait. Returns the checkpoint saved."""
         s = self.ctx.s
-        self.ctx.pause_requested = True
+        self._pause()
         await workflow.wait_condition(lambda: s.phase is Phase.PAUSED or s.phase.is_terminal())
         return PauseResult(checkpoint=s.paused_checkpoint, step=s.step)
 
@@ -290,11 +300,17 @@ class TrainingJobWorkflow:
         if problem := self._resume_problem(request):
             raise ValueError(problem)
 
+    def _pause(self) -> None:
+        # A user's pause wins over the scheduler's asking the job to make way (which would
+        # have it resume by itself): the job pauses, and gives its slot back.
+        self.ctx.pause_requested = True
+        self.ctx.slot.make_way = None
+
     def _pause_problem(self) -> str | None:
         phase = self.ctx.s.phase
         if phase.is_terminal():
             return f"the job has finished ({phase.value})"
-        if phase is Phase.PAUSED or self.ctx.pause_requested:
+        if phase is Phase.PAUSED or (self.ctx.pause_requested and not self.ctx.slot.make_way):
             return "the job is already paused (or pausing)"
         if phase in (Phase.PENDING, Phase.EVALUATING, Phase.EXPORTING):
             return f"the job cannot be paused while {phase.value}"

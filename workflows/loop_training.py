@@ -35,7 +35,7 @@ with workflow.unsafe.imports_passed_through():
         TrialProgress,
     )
     from shepherd.phases import Phase
-    from workflows import checkpointing, policies
+    from workflows import checkpointing, policies, slot
     from workflows.context import JobContext
     from workflows.flow import DEAD, Lost, PauseNow, Terminal
 
@@ -254,6 +254,8 @@ class LoopTraining:
         checkpointing.add(ctx, record)
         await checkpointing.prune(ctx, self.keep())
         ctx.publish()
+        if not name.startswith("pause-"):
+            await slot.note_checkpoint(ctx)  # (it may make way for a more urgent job now)
         return record
 
     async def _report(self, ctx: JobContext, record: CheckpointRecord) -> None:

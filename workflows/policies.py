@@ -245,6 +245,21 @@ def _poll(interval: timedelta, deadline: timedelta) -> ActivityPolicy:
     )
 
 
+#: Asking for a slot (starting the scheduler the first time), telling it a checkpoint, and
+#: giving the slot back: one RPC each to Temporal, idempotent; retried until it lands, as a
+#: trainer's delete is (a slot never given back would be held for good — though the
+#: scheduler also takes back the slots of closed jobs, every ``scheduler.HOLDER_CHECK``).
+SLOT_MESSAGE = ActivityPolicy(
+    start_to_close=timedelta(seconds=30),
+    retry=RetryPolicy(
+        initial_interval=timedelta(seconds=1),
+        backoff_coefficient=2.0,
+        maximum_interval=timedelta(seconds=30),
+        maximum_attempts=0,
+    ),
+)
+
+
 # Transient platform errors (5xx, timeouts, connection resets) get a few quick retries and
 # then slower ones: a blip passes in seconds, an outage in minutes.
 _TRANSIENT = RetryPolicy(
@@ -329,6 +344,17 @@ def hold_queue(control_queue: str) -> str:
     return f"{control_queue}{HOLD_QUEUE_SUFFIX}"
 
 
+# ------------------------------------------------------------------------- admission
+# A job's words with its backend's scheduler (workflows/scheduler.py) are signals sent by
+# activities: each is idempotent on the scheduler's side, so retried until it lands.
+
+#: The scheduler's own activities (which of its jobs are closed): retried as any lookup.
+SCHEDULER_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
+    maximum_attempts=10,
+)
 # --------------------------------------------------------------------- history budget
 # Temporal warns at 10,240 events (or 10 MiB) of one run's history and terminates the
 # workflow at 51,200 (50 MiB), with no cleanup. A job continues-as-new before the warning,

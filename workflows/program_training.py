@@ -49,7 +49,7 @@ with workflow.unsafe.imports_passed_through():
     from shepherd.phases import Phase
     from shepherd.program_metrics import MAX_NAMES as MAX_METRIC_NAMES
     from shepherd.spec import MAX_KEPT_METRICS, PROGRAM_METRICS
-    from workflows import checkpointing, policies
+    from workflows import checkpointing, policies, slot
     from workflows.context import JobContext
     from workflows.flow import DEAD, Lost, PauseNow, Terminal, required
 
@@ -275,6 +275,7 @@ class ProgramTraining:
             if self._prune:
                 self._prune = False
                 await checkpointing.prune(ctx, self.keep())
+                await slot.note_checkpoint(ctx)  # (it may make way for a more urgent job now)
                 continue
             waiter = asyncio.ensure_future(
                 workflow.wait_condition(

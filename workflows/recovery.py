@@ -26,7 +26,7 @@ with workflow.unsafe.imports_passed_through():
     from shepherd.models import PlatformJob, RecoveryRecord
     from shepherd.phases import Phase
     from shepherd.states import JobState
-    from workflows import checkpointing, policies, trainer
+    from workflows import checkpointing, policies, slot, trainer
     from workflows.context import JobContext
     from workflows.flow import RESUMABLE_OR_RUNNING, Lost, Terminal
     from workflows.held import TrainerWork
@@ -142,11 +142,7 @@ async def come_back(ctx: JobContext, work: TrainerWork) -> None:
 def _recovered(ctx: JobContext) -> None:
     """The trainer serves again: the recovery's record is complete."""
     ctx.recovering = False
-    record = ctx.s.recoveries[-1]
-    record.resumed_from_step = ctx.s.step
-    record.steps_redone = max(0, record.at_step - ctx.s.step)
-    record.duration_s = (workflow.now() - record.started_at).total_seconds()
-    ctx.publish()
+    ctx.close_recovery_record()
 
 
 def _charge(ctx: JobContext, reason: str, lost: Lost) -> None:
@@ -183,16 +179,37 @@ def _charge(ctx: JobContext, reason: str, lost: Lost) -> None:
 async def pause(ctx: JobContext, work: TrainerWork) -> None:
     """Checkpoint the work, let the trainer go, wait for a resume (from the checkpoint the
     resume names, checked first, else the pause's). A run continued from a paused one
-    (continue-as-new) is paused already: it only waits."""
+    (continue-as-new) is paused already: it only waits. A pause the scheduler asked for (the
+    job makes way for a more urgent one) waits for nobody: the job asks for its slot again,
+    keeping its place, and goes on from the checkpoint when its turn comes."""
     if ctx.s.phase is not Phase.PAUSED:
         ctx.pauses += 1
+        at_step = ctx.s.step
         record = await work.checkpoint_for_pause(ctx)
-        ctx.s.paused_checkpoint = record.name if record else checkpointing.recovery_checkpoint(ctx)
+        checkpoint = record.name if record else checkpointing.recovery_checkpoint(ctx)
         if record:
             ctx.s.step = record.step
-        ctx.to_load = ctx.s.paused_checkpoint
+        ctx.to_load = checkpoint
         await trainer.delete(ctx)  # no GPU is held while paused
         ctx.pause_requested = False
+        if (notice := ctx.slot.make_way) is not None:
+            ctx.slot.make_way = None
+            ctx.s.priority_preemptions += 1
+            ctx.s.recoveries.append(
+                RecoveryRecord(
+                    number=len(ctx.s.recoveries) + 1,
+                    reason="priority",
+                    platform_state="",
+                    message=f"made way for {notice.for_job}: {notice.reason}"[:500],
+                    at_step=at_step,
+                    started_at=workflow.now(),
+                    action="requeue",
+                )
+            )
+            await slot.give_back(ctx, requeue=True)
+            return
+        await slot.give_back(ctx)
+        ctx.s.paused_checkpoint = checkpoint
         ctx.set_phase(Phase.PAUSED)
     while True:
         await workflow.wait_condition(

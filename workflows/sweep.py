@@ -171,7 +171,7 @@ class SweepWorkflow:
                 report_progress_to=self.s.workflow_id,
             ),
             id=workflow_id,
-            task_queue=spec.scheduling.queue or workflow.info().task_queue,
+            task_queue=spec.scheduling.task_queue or workflow.info().task_queue,
             # If the sweep is closed any other way, its trials still clean up after themselves.
             parent_close_policy=ParentClosePolicy.REQUEST_CANCEL,
             search_attributes=attrs,
@@ -232,7 +232,7 @@ class SweepWorkflow:
                 field="promote_best.model_id",
             ),
             **policies.lookup.options(),
-            task_queue=base.scheduling.queue or workflow.info().task_queue,
+            task_queue=base.scheduling.task_queue or workflow.info().task_queue,
             summary="check the promote_best model id",
         )
 

@@ -85,6 +85,8 @@ async def come_up(ctx: JobContext, work: TrainerWork) -> None:
     ctx.set_phase(Phase.PREPARING)
     ctx.session = None  # a (re)started trainer holds no model
     await work.prepare(ctx)
+    if not ctx.recovering:
+        ctx.close_recovery_record()  # (a job that made way for another is back)
 
 
 async def await_state(

@@ -121,6 +121,8 @@ def show_status(status: JobStatus) -> None:
     ]
     if status.following is not None:
         rows.insert(5, ("follows", status.following.describe()))
+    if status.admission:
+        rows.insert(3, ("admission", _admission(status)))
     if status.metrics:
         at = f" at its step {status.metrics_step}" if status.metrics_step is not None else ""
         shown = status.headline_metrics() or dict(list(status.metrics.items())[:4])
@@ -146,6 +148,14 @@ def show_status(status: JobStatus) -> None:
         )
     for notice in status.notices:
         console.print(f"  [yellow]notice:[/yellow] {notice}", soft_wrap=True)
+
+
+def _admission(status: JobStatus) -> str:
+    """Where a job waiting in Shepherd's queue stands, and what it waits for."""
+    p = status.placement
+    if p is None:
+        return status.admission or "-"
+    return f"position {p.position} of {p.length} in queue {p.queue}: waits for {p.waits_for}"
 
 
 def _headline(status: JobStatus) -> str:
@@ -182,6 +192,9 @@ def progress_line(status: JobStatus) -> str:
         parts.append(f"trainer {status.platform_state.removeprefix('JOB_STATE_')}")
     if status.recoveries:
         parts.append(f"recoveries {len(status.recoveries)}")
+    if status.placement is not None:
+        p = status.placement
+        parts.append(f"queue {p.queue} {p.position}/{p.length}")
     return "  ".join(parts)
 
 

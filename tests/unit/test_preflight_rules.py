@@ -118,7 +118,19 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         "queue with a space",
         _spec(scheduling={"queue": "bogus q"}),
         "scheduling.queue",
-        "task queue",
+        "queue name",
+    ),
+    (
+        "task queue with a space",
+        _spec(scheduling={"task_queue": "bogus q"}),
+        "scheduling.task_queue",
+        "queue name",
+    ),
+    (
+        "capability tag in capitals",
+        _spec(scheduling={"required_capabilities": ["H100"]}),
+        "scheduling.required_capabilities[0]",
+        "capability tag",
     ),
     ('label value with "', _spec(labels={"a": 'x" OR "1'}), "labels", "without"),
 ]
@@ -169,7 +181,11 @@ def test_the_accepted_values_pass() -> None:
             trainer={"extra_args": ["--compute-delay-ms=50", "--seed=3"]},
             training={"batch_size": 8, "micro_batches": 8, "dataset": "file:///data/x.jsonl"},
             policies={"step_timeout": "1s", "pending_timeout": "365d"},
-            scheduling={"queue": "gpu-queue.eu/1"},
+            scheduling={
+                "queue": "team-a",
+                "task_queue": "gpu-queue.eu/1",
+                "required_capabilities": ["h100", "region-eu"],
+            },
         )
     )
     assert spec.training.micro_batches == 8

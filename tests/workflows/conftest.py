@@ -199,11 +199,13 @@ async def open_stack(
     *,
     events: bool = True,
     record_as: str | None = None,
+    registry: BackendRegistry | None = None,
 ) -> AsyncIterator[Stack]:
     """A test's stack on ``client``'s server: its own task queue and worker, the plane as
-    ``account``; every workflow it started is terminated at the end."""
+    ``account`` (its backend profiles: ``registry``, else ``local`` alone); every workflow
+    it started is terminated at the end."""
     task_queue = f"tq-{uuid.uuid4().hex}"
-    registry = make_registry(plane, account.api_key)
+    registry = registry or make_registry(plane, account.api_key)
     bridge = EventBridge(client, registry) if events else None
     st = Stack(client, plane, admin, account, task_queue, registry, bridge)
     async with worker_for(client, task_queue, registry):

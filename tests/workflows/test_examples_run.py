@@ -34,7 +34,7 @@ JOBS: dict[str, list[str]] = {
     "quickstart.yaml": [],
     # 200 steps of 20 ms: one checkpoint interval is enough to see it through; its queue is
     # the dev stack's ("shepherd").
-    "full.yaml": ["training.total_steps=50", "scheduling.queue={queue}"],
+    "full.yaml": ["training.total_steps=50", "scheduling.task_queue={queue}"],
     "rl.yaml": ["training.total_steps=20"],
     # The programs: one checkpoint interval or two (most of their time is their start).
     "tinker-sft.yaml": ["training.args.steps=8"],

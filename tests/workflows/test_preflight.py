@@ -47,7 +47,12 @@ async def test_a_submission_no_worker_can_run_is_refused(stack: Stack, tmp_path:
     sh = Shepherd(stack.client, task_queue=stack.task_queue)
     refusals: dict[str, SubmissionRefused] = {}
     for case, kwargs in {
-        "scheduling.queue": {"spec": _data("noq", scheduling={"queue": "no-such-queue"})},
+        "scheduling.task_queue": {"spec": _data("noq", scheduling={"task_queue": "no-such-queue"})},
+        # The old meaning of scheduling.queue (the workers' task queue), for workers that run:
+        # refused, naming the field that routes a job now.
+        "scheduling.queue": {
+            "spec": _data("oldq", scheduling={"queue": f"{stack.task_queue}-waits"})
+        },
         "task_queue": {"spec": _data("bogus"), "task_queue": "bogus-q"},
         "training.loop": {"spec": _data("noloop", training={"loop": "not-registered"})},
     }.items():
@@ -55,26 +60,27 @@ async def test_a_submission_no_worker_can_run_is_refused(stack: Stack, tmp_path:
             await sh.submit(**kwargs)
         assert refused.value.field == case, refused.value
         refusals[case] = refused.value
-    assert "no worker polls task queue 'no-such-queue'" in str(refusals["scheduling.queue"])
+    assert "no worker polls task queue 'no-such-queue'" in str(refusals["scheduling.task_queue"])
+    assert "set scheduling.task_queue" in str(refusals["scheduling.queue"])
     assert "'not-registered'" in str(refusals["training.loop"])
     assert "supervised" in str(refusals["training.loop"])  # what the workers do have
     # A sweep's base is held to the same rules.
     sweep = {
         "name": "nowhere",
-        "spec": _data("nowherebase", scheduling={"queue": "no-such-queue"}),
+        "spec": _data("nowherebase", scheduling={"task_queue": "no-such-queue"}),
         "parameters": {"trainer.lora_rank": {"type": "categorical", "values": [4]}},
         "max_trials": 1,
     }
     with pytest.raises(SubmissionRefused) as swept:
         await sh.submit_sweep(sweep)
-    assert swept.value.field == "base.scheduling.queue"
+    assert swept.value.field == "base.scheduling.task_queue"
     assert await _started(stack) == [] and await _started(stack, "no-such-queue") == []
 
     # The CLI says it in one line, exit 2, and never blocks.
     path = tmp_path / "noq.yaml"
-    path.write_text(yaml.safe_dump(_data("noq", scheduling={"queue": "no-such-queue"})))
+    path.write_text(yaml.safe_dump(_data("noq", scheduling={"task_queue": "no-such-queue"})))
     done = await run_cli("submit", str(path), stack=stack, timeout=30)
-    assert done.returncode == 2 and "scheduling.queue" in done.stderr, done.stderr
+    assert done.returncode == 2 and "scheduling.task_queue" in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
 
 

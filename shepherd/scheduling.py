@@ -1,0 +1,353 @@
+"""Who gets a trainer slot: Shepherd's admission of jobs to a backend's capacity.
+
+A backend profile declares its **capacity** (``slots``: trainers it may hold at once, and the
+capability tags it offers). **Queues** — a team's share — each have a **quota** (slots they are
+entitled to), may **borrow** slots other queues leave idle up to a limit, and a **weight** for
+sharing what is contended. A job waits in Shepherd, not on the platform, until it is
+**admitted**; it holds its slot through recoveries and gives it back when its trainer goes for
+good or for a while (a pause).
+
+This module is the decision alone, pure and deterministic (the scheduler workflow,
+workflows/scheduler.py, runs it over its state; the CLI reads the same state):
+
+* **Order.** Within a queue: highest priority first, then arrival. Between queues: a queue
+  under its quota before one that would borrow, then the higher priority, then the queue
+  using least of its share (slots held / weight), then arrival.
+* **Admission.** A free slot goes to the first request in that order whose queue may take
+  it: under its quota, or borrowing within its ``borrow_limit``; and only where the backend
+  has every capability the job requires.
+* **Preemption.** A request that cannot be admitted for want of a slot reclaims one: from the
+  lowest-priority *preemptible* holder of its own queue with a lower priority, or — when its
+  queue is under its quota — from a holder of a queue that is borrowing. Never from a job that
+  has not checkpointed since it was admitted (the declared minimum) or was preempted less than
+  ``PREEMPT_MIN_INTERVAL`` ago; one preemption at a time per waiting job; the slot it frees is
+  reserved for the job it was freed for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from pydantic import BaseModel, ConfigDict, Field
+
+#: A job is preempted for another at most once in this long: a job that keeps being taken
+#: from would make no progress (each preemption costs it a checkpoint, a trainer's boot and
+#: the steps since its last checkpoint).
+PREEMPT_MIN_INTERVAL = timedelta(minutes=10)
+#: The queue of a job whose spec names none.
+DEFAULT_QUEUE = "default"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class QueueConfig(_Model):
+    """A team's share of a backend's capacity."""
+
+    name: str
+    #: Slots the queue is entitled to (its nominal quota).
+    quota: int = Field(ge=0, le=100_000)
+    #: Slots beyond its quota it may use while other queues leave them idle (reclaimed, by
+    #: preemption, when their owners need them).
+    borrow_limit: int = Field(default=0, ge=0, le=100_000)
+    #: Its share of contended capacity, relative to the other queues'.
+    weight: float = Field(default=1.0, gt=0, le=1000)
+
+
+class Capacity(_Model):
+    """What a backend may hold at once, and what it offers."""
+
+    slots: int = Field(ge=0, le=100_000)
+    capabilities: list[str] = Field(default_factory=list)
+
+
+class Ask(_Model):
+    """A job's request for a slot."""
+
+    #: The job's workflow id, and the job's number for this request (a new one after each
+    #: time it gave its slot back): a late word about an older request is told apart.
+    job: str
+    seq: int
+    queue: str = DEFAULT_QUEUE
+    priority: int = 5
+    preemptible: bool = False
+    capabilities: list[str] = Field(default_factory=list)
+    #: The scheduler's order of arrival (set when it arrives; a job requeued after a
+    #: preemption keeps its own).
+    arrival: int = 0
+    asked_at: datetime | None = None
+
+
+class Holder(_Model):
+    """A job that holds a slot."""
+
+    job: str
+    seq: int
+    queue: str
+    priority: int
+    preemptible: bool
+    arrival: int
+    granted_at: datetime
+    #: It checkpointed since it was admitted: it may be preempted (it loses at most the
+    #: steps since).
+    checkpointed: bool = False
+
+
+class Yielding(_Model):
+    """A preemption under way: ``victim`` gives its slot back for ``for_job``."""
+
+    victim: str
+    for_job: str
+    reason: str
+    asked_at: datetime
+
+
+class SchedulerState(_Model):
+    """Everything the scheduler of one backend knows (carried across continue-as-new)."""
+
+    backend: str
+    capacity: Capacity
+    queues: dict[str, QueueConfig] = Field(default_factory=dict)
+    holders: dict[str, Holder] = Field(default_factory=dict)
+    waiting: list[Ask] = Field(default_factory=list)
+    yielding: dict[str, Yielding] = Field(default_factory=dict)
+    #: A slot a preemption freed, kept for the job it was freed for (job -> victim).
+    reserved: dict[str, str] = Field(default_factory=dict)
+    #: When each job was last preempted (the rate limit).
+    preempted_at: dict[str, datetime] = Field(default_factory=dict)
+    next_arrival: int = 1
+    #: How often the scheduler asks which of its jobs closed without a word (terminated):
+    #: their slots come back within this (seconds).
+    holder_check_s: float = Field(default=30.0, gt=0, le=3600)
+    #: Counters (metrics): admissions, preemptions by cause.
+    admitted_total: int = 0
+    preemptions: dict[str, int] = Field(default_factory=dict)
+
+    def queue(self, name: str) -> QueueConfig:
+        """``name``'s config. Where no queue is declared, every queue is entitled to the
+        whole capacity; where some are, one nobody declared has no quota and only borrows
+        what the others leave idle."""
+        if name in self.queues:
+            return self.queues[name]
+        if not self.queues:
+            return QueueConfig(name=name, quota=self.capacity.slots)
+        return QueueConfig(name=name, quota=0, borrow_limit=self.capacity.slots)
+
+    def usage(self) -> dict[str, int]:
+        used: dict[str, int] = {}
+        for h in self.holders.values():
+            used[h.queue] = used.get(h.queue, 0) + 1
+        return used
+
+
+@dataclass
+class Plan:
+    """What the scheduler does now: grant these requests, ask these holders to yield."""
+
+    grants: list[Ask]
+    yields: list[Yielding]
+
+
+def missing_capabilities(ask: Ask, capacity: Capacity) -> list[str]:
+    return sorted(set(ask.capabilities) - set(capacity.capabilities))
+
+
+def _order(state: SchedulerState, asks: Iterable[Ask], used: dict[str, int]) -> list[Ask]:
+    """``asks`` in the order they are served (see the module's doc)."""
+
+    def key(a: Ask) -> tuple[bool, int, float, int]:
+        q = state.queue(a.queue)
+        borrowing = used.get(a.queue, 0) >= q.quota
+        return (borrowing, -a.priority, used.get(a.queue, 0) / q.weight, a.arrival)
+
+    return sorted(asks, key=key)
+
+
+def _may_take(state: SchedulerState, ask: Ask, used: dict[str, int]) -> bool:
+    """Whether ``ask``'s queue may take one more slot (free slots aside)."""
+    q = state.queue(ask.queue)
+    return used.get(ask.queue, 0) < q.quota + q.borrow_limit and not missing_capabilities(
+        ask, state.capacity
+    )
+
+
+def plan(state: SchedulerState, now: datetime) -> Plan:
+    """Grants and preemptions for now (``state`` is not changed)."""
+    used = state.usage()
+    free = state.capacity.slots - len(state.holders) - len(state.reserved)
+    grants: list[Ask] = []
+    waiting = list(state.waiting)
+    # A slot a preemption freed goes to the job it was freed for.
+    for ask in [a for a in waiting if a.job in state.reserved]:
+        grants.append(ask)
+        used[ask.queue] = used.get(ask.queue, 0) + 1
+        waiting.remove(ask)
+    while free > 0:
+        admissible = [a for a in _heads(state, waiting) if _may_take(state, a, used)]
+        if not admissible:
+            break
+        ask = _order(state, admissible, used)[0]
+        grants.append(ask)
+        used[ask.queue] = used.get(ask.queue, 0) + 1
+        waiting.remove(ask)
+        free -= 1
+    return Plan(grants=grants, yields=_preemptions(state, waiting, used, now, no_slot=free <= 0))
+
+
+def _heads(state: SchedulerState, waiting: list[Ask]) -> list[Ask]:
+    """The first request of each queue (highest priority, then arrival) that this backend
+    can serve at all (one that needs a capability it lacks never holds its queue up)."""
+    heads: dict[str, Ask] = {}
+    for a in waiting:
+        if missing_capabilities(a, state.capacity):
+            continue
+        best = heads.get(a.queue)
+        if best is None or (-a.priority, a.arrival) < (-best.priority, best.arrival):
+            heads[a.queue] = a
+    return list(heads.values())
+
+
+def _preemptions(
+    state: SchedulerState, waiting: list[Ask], used: dict[str, int], now: datetime, no_slot: bool
+) -> list[Yielding]:
+    """For each queue's first request still waiting, the holder that makes way for it: a
+    lower-priority one of its own queue (whether the backend or the queue's quota is full),
+    or, when no slot is free and its queue is under its quota, one of a queue that borrows.
+    At most one preemption under way per waiting job."""
+    yields: list[Yielding] = []
+    taken = set(state.yielding)  # holders already making way
+    wanting = {y.for_job for y in state.yielding.values()} | set(state.reserved)
+    for ask in _order(state, _heads(state, waiting), used):
+        if ask.job in wanting:
+            continue
+        q = state.queue(ask.queue)
+        entitled = used.get(ask.queue, 0) < q.quota
+        victims = []
+        for h in state.holders.values():
+            if h.job in taken or not h.preemptible or not h.checkpointed:
+                continue
+            last = state.preempted_at.get(h.job)
+            if last is not None and now - last < PREEMPT_MIN_INTERVAL:
+                continue
+            hq = state.queue(h.queue)
+            if h.queue == ask.queue and h.priority < ask.priority:
+                victims.append((h, f"priority: {ask.job} (priority {ask.priority}) needs the slot"))
+            elif no_slot and h.queue != ask.queue and entitled and used.get(h.queue, 0) > hq.quota:
+                victims.append(
+                    (
+                        h,
+                        f"reclaim: queue {ask.queue!r} needs its quota back for {ask.job} "
+                        f"(queue {h.queue!r} borrows beyond its quota of {hq.quota})",
+                    )
+                )
+        if not victims:
+            continue
+        # The lowest priority; of equals, the one admitted last (it has done the least).
+        victim, why = min(victims, key=lambda v: (v[0].priority, -v[0].granted_at.timestamp()))
+        taken.add(victim.job)
+        used[victim.queue] -= 1
+        yields.append(Yielding(victim=victim.job, for_job=ask.job, reason=why, asked_at=now))
+    return yields
+
+
+def position(state: SchedulerState, job: str) -> tuple[int, int] | None:
+    """A waiting job's place in its queue (1-based) and the queue's length (None: it does
+    not wait)."""
+    mine = next((a for a in state.waiting if a.job == job), None)
+    if mine is None:
+        return None
+    line = sorted(
+        (a for a in state.waiting if a.queue == mine.queue), key=lambda a: (-a.priority, a.arrival)
+    )
+    return line.index(mine) + 1, len(line)
+
+
+def waits_for(state: SchedulerState, job: str) -> str | None:
+    """What a waiting job waits for, in words (None: it does not wait)."""
+    place = position(state, job)
+    if place is None:
+        return None
+    ask = next(a for a in state.waiting if a.job == job)
+    if missing := missing_capabilities(ask, state.capacity):
+        return f"a backend with {', '.join(missing)} (backend {state.backend!r} has not)"
+    if ask.job in state.reserved or any(y.for_job == ask.job for y in state.yielding.values()):
+        return "a slot being freed for it (a lower-priority job is checkpointing)"
+    used = state.usage()
+    q = state.queue(ask.queue)
+    ahead = place[0] - 1
+    if ahead:
+        return f"{ahead} job(s) ahead of it in queue {ask.queue!r} (higher priority, or earlier)"
+    limit = q.quota + q.borrow_limit
+    if used.get(ask.queue, 0) >= limit and limit < state.capacity.slots:
+        return (
+            f"its queue's quota: queue {ask.queue!r} holds {used.get(ask.queue, 0)} of "
+            f"{q.quota} slots (+{q.borrow_limit} it may borrow)"
+        )
+    if len(state.holders) + len(state.reserved) >= state.capacity.slots:
+        return (
+            f"the backend's capacity: all {state.capacity.slots} slots of {state.backend!r} "
+            "are held"
+        )
+    return "its turn (a slot is free: it is being admitted)"
+
+
+# ----------------------------------------------------------------- the job <-> scheduler words
+
+
+class SchedulerInput(_Model):
+    """The scheduler workflow's one argument: its state (a new one's seed, or carried)."""
+
+    state: SchedulerState
+
+
+class Release(_Model):
+    """Signal to the scheduler: ``job`` gives its slot (or its place in line) back."""
+
+    job: str
+    seq: int
+    #: Preempted for another: it asks again at once, keeping its place (its arrival).
+    requeue: bool = False
+
+
+class Checkpointed(_Model):
+    """Signal to the scheduler: ``job`` checkpointed since it was admitted (it may be
+    preempted from now on)."""
+
+    job: str
+    seq: int
+
+
+class SlotGrant(_Model):
+    """Signal to a job: it is admitted to a slot (for its request ``seq``)."""
+
+    seq: int
+    backend: str
+    queue: str
+    #: Its place of arrival (kept if it is requeued to make way for another).
+    arrival: int = 0
+
+
+class MakeWay(_Model):
+    """Signal to a job: give the slot back for ``for_job`` (checkpoint, let the trainer go,
+    wait for the next turn)."""
+
+    seq: int
+    for_job: str
+    reason: str
+
+
+class Placement(_Model):
+    """Where a waiting job stands (the scheduler's ``where`` query)."""
+
+    queue: str
+    position: int
+    length: int
+    waits_for: str
+
+
+def scheduler_id(backend: str) -> str:
+    """The scheduler workflow of a backend."""
+    return f"shepherd-scheduler-{backend}"

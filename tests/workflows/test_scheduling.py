@@ -1,0 +1,281 @@
+"""Shepherd admits jobs to a backend's capacity itself (issue 31): the backend's scheduler
+workflow (workflows/scheduler.py) over the real dev server and localplane. Each test has a
+backend of its own (a profile with declared ``slots`` and queues, on the test's account), so
+its scheduler is its own."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from temporalio.client import WorkflowFailureError, WorkflowHandle
+from temporalio.service import RPCError, RPCStatusCode
+
+from localplane.admin import PlaneAdmin
+from localplane.process import PlaneProcess
+from shepherd.models import JobStatus, PauseRequest, PauseResult, ResumeRequest
+from shepherd.phases import Phase
+from shepherd.scheduling import QueueConfig, SchedulerState, scheduler_id
+from tests.helpers import Account
+from tests.workflows.conftest import KEY_ENV, Stack, open_stack
+from tests.workflows.test_recovery import model_digest
+from workers.config import BackendProfile, BackendRegistry
+
+SLOW = {"extra_args": ["--compute-delay-ms=60"]}
+
+
+def registry_with(
+    plane: PlaneProcess, api_key: str, backend: str, slots: int, **profile: Any
+) -> BackendRegistry:
+    """The test's stack profile ``local`` (no admission: references run there) and a
+    backend of its own whose profile declares ``slots``."""
+    local = BackendProfile(name="local", url=plane.url, api_key_env=KEY_ENV, events=True)
+    mine = BackendProfile(
+        name=backend, url=plane.url, api_key_env=KEY_ENV, events=True, slots=slots, **profile
+    )
+    return BackendRegistry({"local": local, backend: mine}, env={KEY_ENV: api_key})
+
+
+@pytest.fixture
+def backend() -> str:
+    return f"b{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+async def sched(
+    client: Any,
+    plane: PlaneProcess,
+    admin: PlaneAdmin,
+    account: Account,
+    backend: str,
+    request: pytest.FixtureRequest,
+) -> AsyncIterator[Stack]:
+    """A stack whose worker serves the test's backend, of the slots and queues the test's
+    ``capacity`` marker gives (2 slots, no queues by default)."""
+    marker = request.node.get_closest_marker("capacity")
+    profile: dict[str, Any] = {
+        "slots": 2,
+        "holder_check_s": 2.0,
+        **(marker.kwargs if marker else {}),
+    }
+    slots = profile.pop("slots")
+    async with open_stack(
+        client,
+        plane,
+        admin,
+        account,
+        registry=registry_with(plane, account.api_key, backend, slots, **profile),
+    ) as st:
+        yield st
+
+
+def job(stack: Stack, name: str, backend: str, steps: int = 30, **scheduling: Any) -> Any:
+    return stack.spec(
+        name,
+        backend=backend,
+        trainer=SLOW,
+        training={"total_steps": steps},
+        checkpoint={"every_steps": 5, "keep_last": 2},
+        scheduling=scheduling,
+    )
+
+
+async def scheduler(stack: Stack, backend: str) -> SchedulerState:
+    """The scheduler's state (waiting for it to start, with the first job's ask)."""
+    handle = stack.client.get_workflow_handle(scheduler_id(backend))
+    async with asyncio.timeout(30):
+        while True:
+            try:
+                return await handle.query("state", result_type=SchedulerState)
+            except RPCError as exc:
+                if exc.status != RPCStatusCode.NOT_FOUND:
+                    raise
+            await asyncio.sleep(0.1)
+
+
+async def phase_of(stack: Stack, handle: WorkflowHandle[Any, Any]) -> Phase:
+    return (await stack.status(handle)).phase
+
+
+async def admission_order(
+    stack: Stack, backend: str, until: asyncio.Event, into: list[str]
+) -> None:
+    """The jobs in the order the scheduler admitted them (its holders, as they appear)."""
+    while not until.is_set():
+        state = await scheduler(stack, backend)
+        into.extend(j for j in state.holders if j not in into)
+        assert len(state.holders) <= state.capacity.slots, state.holders  # never over
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.capacity(slots=2)
+async def test_the_most_urgent_job_is_admitted_next_and_knows_its_place(
+    sched: Stack, backend: str
+) -> None:
+    from shepherd.client import Shepherd
+
+    stop, order = asyncio.Event(), []
+    watcher = asyncio.ensure_future(admission_order(sched, backend, stop, order))
+    # The first two hold their slots long enough to look at who waits behind them.
+    lows = [
+        await sched.start(job(sched, f"low{i}", backend, steps=50 if i < 2 else 5, priority=0))
+        for i in range(4)
+    ]
+    # Two hold the slots, two wait, in the order their asks arrived.
+    async with asyncio.timeout(60):
+        while True:
+            state = await scheduler(sched, backend)
+            if len(state.holders) == 2 and len(state.waiting) == 2:
+                break
+            await asyncio.sleep(0.05)
+    arrived = [a.job for a in sorted(state.waiting, key=lambda a: a.arrival)]
+    urgent = await sched.start(job(sched, "urgent", backend, steps=5, priority=10))
+    # While it waits, it knows where it stands (status, from the scheduler) and why.
+    sh = Shepherd(sched.client, task_queue=sched.task_queue)
+    async with asyncio.timeout(30):
+        while (waiting := await sh.get(urgent.id).status()).placement is None:
+            await asyncio.sleep(0.1)
+    assert waiting.phase is Phase.QUEUED and waiting.placement is not None
+    assert (waiting.placement.position, waiting.placement.length) == (1, 3)
+    assert "capacity" in waiting.placement.waits_for
+    behind = await sh.get(arrived[0]).status()
+    assert behind.placement is not None and behind.placement.position == 2
+    assert "1 job(s) ahead" in behind.placement.waits_for
+    for handle in [*lows, urgent]:
+        assert (await handle.result()).phase is Phase.COMPLETED
+    stop.set()
+    await watcher
+    # The first slot freed went to the urgent job; the rest in the order they arrived.
+    assert set(order[:2]) == {h.id for h in lows} - set(arrived), order
+    assert order[2:] == [urgent.id, *arrived], order
+    final = await scheduler(sched, backend)
+    assert final.holders == {} and final.waiting == [] and final.admitted_total == 5
+
+
+@pytest.mark.capacity(
+    slots=2,
+    queues={
+        "a": QueueConfig(name="a", quota=1, borrow_limit=1),
+        "b": QueueConfig(name="b", quota=1),
+    },
+)
+async def test_a_queue_borrows_idle_quota_and_gives_it_back_without_losing_a_step(
+    sched: Stack, backend: str
+) -> None:
+    spec = {"steps": 60, "preemptible": True}
+    ref = await sched.start(job(sched, "ref", "local", steps=60))
+    first = await sched.start(job(sched, "a1", backend, queue="a", **spec))
+    second = await sched.start(job(sched, "a2", backend, queue="a", **spec))
+    for handle in (first, second):  # a borrows b's idle slot; both checkpoint once
+        await sched.until(handle, lambda s: s.phase is Phase.TRAINING and bool(s.checkpoints), 60)
+    owner = await sched.start(job(sched, "b1", backend, steps=10, queue="b"))
+    done = [await h.result() for h in (owner, first, second)]
+    assert all(s.phase is Phase.COMPLETED for s in done)
+    # The borrowed slot went back to its owner: one of the two made way, once, and went on
+    # from its checkpoint to the weights of a run never interrupted.
+    made_way = [s for s in done[1:] if s.priority_preemptions]
+    assert len(made_way) == 1 and made_way[0].preemptions == 0, done
+    assert [r.reason for r in made_way[0].recoveries] == ["priority"]
+    said = made_way[0].recoveries[0].message
+    assert "reclaim" in said and owner.id in said
+    assert [s.recoveries for s in done[1:] if not s.priority_preemptions] == [[]]
+    await ref.result()
+    for name in ("a1", "a2"):
+        assert await model_digest(sched, f"{name}-model") == await model_digest(sched, "ref-model")
+    state = await scheduler(sched, backend)
+    assert state.preemptions == {"reclaim": 1} and state.holders == {}
+
+
+@pytest.mark.capacity(slots=1)
+async def test_every_ending_gives_the_slot_back(sched: Stack, backend: str) -> None:
+    async def held_by(handle: WorkflowHandle[Any, Any]) -> None:
+        async with asyncio.timeout(60):
+            while handle.id not in (await scheduler(sched, backend)).holders:
+                await asyncio.sleep(0.1)
+
+    async def free() -> None:
+        async with asyncio.timeout(30):
+            while (await scheduler(sched, backend)).holders:
+                await asyncio.sleep(0.1)
+
+    # Completed.
+    done = await sched.start(job(sched, "done", backend, steps=5))
+    await done.result()
+    await free()
+    # Cancelled while holding it, and while waiting for it.
+    holder = await sched.start(job(sched, "held", backend, steps=500))
+    await held_by(holder)
+    waiter = await sched.start(job(sched, "waits", backend, steps=500))
+    await sched.until(waiter, lambda s: s.admission is not None, 30)
+    await waiter.cancel()
+    with pytest.raises(WorkflowFailureError):
+        await waiter.result()
+    assert waiter.id not in {a.job for a in (await scheduler(sched, backend)).waiting}
+    await holder.cancel()
+    with pytest.raises(WorkflowFailureError):
+        await holder.result()
+    await free()
+    # Failed (its trainer deleted outside Shepherd), paused (its resume waits for a slot).
+    failing = await sched.start(job(sched, "doomed", backend, steps=500))
+    trainer = (await sched.until(failing, lambda s: s.phase is Phase.TRAINING, 60)).trainer_job_id
+    await sched.account.client.delete_job(trainer or "")
+    with pytest.raises(WorkflowFailureError):
+        await failing.result()
+    assert (await sched.status(failing)).phase is Phase.FAILED
+    await free()
+    paused = await sched.start(job(sched, "napper", backend, steps=40))
+    await sched.until(paused, lambda s: s.phase is Phase.TRAINING and bool(s.checkpoints), 60)
+    await paused.execute_update("request_pause", PauseRequest(), result_type=PauseResult)
+    await free()
+    other = await sched.start(job(sched, "meanwhile", backend, steps=500))
+    await held_by(other)
+    await paused.execute_update("request_resume", ResumeRequest(), result_type=JobStatus)
+    resumed = await sched.status(paused)
+    assert resumed.phase is Phase.QUEUED and resumed.admission is not None  # waits its turn
+    # Terminated from outside (no cleanup): the scheduler takes the slot back by itself.
+    await other.terminate(reason="an operator's terminate")
+    final: JobStatus = await paused.result()
+    assert final.phase is Phase.COMPLETED and final.step == 40
+    await free()
+    state = await scheduler(sched, backend)
+    assert state.waiting == [] and state.reserved == {} and state.yielding == {}
+
+
+@pytest.mark.capacity(slots=3, queues={"a": QueueConfig(name="a", quota=1)})
+async def test_a_quota_changed_while_jobs_wait_takes_effect_at_once(
+    sched: Stack, backend: str
+) -> None:
+    first = await sched.start(job(sched, "q1", backend, steps=300, queue="a"))
+    second = await sched.start(job(sched, "q2", backend, steps=5, queue="a"))
+    await sched.until(first, lambda s: s.phase is Phase.TRAINING, 60)
+    waiting = await sched.until(second, lambda s: s.admission is not None, 30)
+    assert waiting.phase is Phase.QUEUED
+    handle = sched.client.get_workflow_handle(scheduler_id(backend))
+    state = await handle.query("state", result_type=SchedulerState)
+    assert [a.job for a in state.waiting] == [second.id]
+    await handle.execute_update(
+        "configure", QueueConfig(name="a", quota=2), result_type=SchedulerState
+    )
+    assert (await second.result()).phase is Phase.COMPLETED  # while the first still trains
+    assert (await sched.status(first)).phase is Phase.TRAINING
+    await first.cancel()
+
+
+@pytest.mark.capacity(slots=2, capabilities=["h100"])
+async def test_a_job_needing_what_no_backend_has_is_refused_at_submission(
+    sched: Stack, backend: str
+) -> None:
+    from shepherd.client import Shepherd
+    from shepherd.preflight import SubmissionRefused
+
+    sh = Shepherd(sched.client, task_queue=sched.task_queue)
+    with pytest.raises(SubmissionRefused) as refused:
+        await sh.submit(job(sched, "big", backend, required_capabilities=["a100"]))
+    assert refused.value.field == "scheduling.required_capabilities"
+    assert "a100" in str(refused.value) and "h100" in str(refused.value)
+    fits = await sh.submit(job(sched, "fits", backend, steps=5, required_capabilities=["h100"]))
+    sched.handles.append(sched.client.get_workflow_handle(fits.id))
+    assert (await fits.wait()).phase is Phase.COMPLETED

@@ -1,0 +1,255 @@
+"""``ShepherdScheduler``: the admission of one backend's jobs to its capacity, as one
+long-lived workflow (id ``shepherd-scheduler-<backend>``).
+
+Jobs ask for a slot (``ask``, sent by the job's ``ask_for_slot`` activity, which starts the
+scheduler with its seed the first time), give it back (``release``) and say when they have
+checkpointed (``checkpointed``); the scheduler decides (shepherd/scheduling.py: priority,
+quotas, borrowing, preemption) and tells them: ``slot_granted`` to a job admitted,
+``make_way`` to a job that must give its slot to a more urgent one. Operators read its state
+(``state``, ``where``) and change its queues and capacity while jobs run (updates ``configure``
+and ``set_capacity``, validated).
+
+Why one workflow per backend: its state (who holds, who waits, in what order) survives any
+worker's death by construction, every decision is made once and recorded (no slot granted
+twice: a grant is in the state before the job hears of it), and Temporal serializes the
+messages. It costs about ten history events per job admitted (the ask, the grant, the
+release, their workflow tasks), so it continues-as-new every few hundred jobs with its state
+carried; the state is a few dozen bytes per job. A job terminated from outside runs no
+cleanup: every ``holder_check_s`` (30 s) the scheduler asks which of its holders and waiting jobs are
+closed, and takes their slots and places back.
+
+Deterministic code only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.exceptions import FailureError
+
+with workflow.unsafe.imports_passed_through():
+    from activities.scheduling import SchedulingActivities
+    from shepherd.scheduling import (
+        Ask,
+        Capacity,
+        Checkpointed,
+        Holder,
+        MakeWay,
+        Placement,
+        QueueConfig,
+        Release,
+        SchedulerInput,
+        SchedulerState,
+        SlotGrant,
+        plan,
+        position,
+        waits_for,
+    )
+    from shepherd.spec import QUEUE_NAME
+    from workflows import policies
+
+#: The scheduler continues-as-new at this many history events (about 400 admissions).
+MAX_HISTORY = 4000
+
+
+@workflow.defn(name="ShepherdScheduler")
+class SchedulerWorkflow:
+    @workflow.init
+    def __init__(self, inp: SchedulerInput) -> None:
+        self.s: SchedulerState = inp.state
+        #: Something changed since the last decision.
+        self.dirty = True
+
+    @workflow.run
+    async def run(self, inp: SchedulerInput) -> None:
+        last_check = workflow.now()
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await workflow.wait_condition(
+                    lambda: self.dirty or self._long(), timeout=self._check_every()
+                )
+            if self._long():
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                workflow.continue_as_new(SchedulerInput(state=self.s))
+            if workflow.now() - last_check >= self._check_every() and (
+                self.s.holders or self.s.waiting
+            ):
+                last_check = workflow.now()
+                await self._forget_closed()
+            if self.dirty:
+                self.dirty = False
+                await self._decide()
+
+    def _check_every(self) -> timedelta:
+        """How often to ask which jobs closed without a word (``holder_check_s``)."""
+        return timedelta(seconds=self.s.holder_check_s)
+
+    def _long(self) -> bool:
+        info = workflow.info()
+        return (
+            info.is_continue_as_new_suggested() or info.get_current_history_length() >= MAX_HISTORY
+        )
+
+    # ------------------------------------------------------------------ deciding
+
+    async def _decide(self) -> None:
+        now = workflow.now()
+        decided = plan(self.s, now)
+        sends = []
+        for ask in decided.grants:
+            self.s.waiting = [a for a in self.s.waiting if a.job != ask.job]
+            self.s.reserved.pop(ask.job, None)
+            self.s.holders[ask.job] = Holder(
+                job=ask.job,
+                seq=ask.seq,
+                queue=ask.queue,
+                priority=ask.priority,
+                preemptible=ask.preemptible,
+                arrival=ask.arrival,
+                granted_at=now,
+            )
+            self.s.admitted_total += 1
+            grant = SlotGrant(
+                seq=ask.seq, backend=self.s.backend, queue=ask.queue, arrival=ask.arrival
+            )
+            sends.append(self._tell(ask.job, "slot_granted", grant))
+        for y in decided.yields:
+            self.s.yielding[y.victim] = y
+            cause = "reclaim" if y.reason.startswith("reclaim") else "priority"
+            self.s.preemptions[cause] = self.s.preemptions.get(cause, 0) + 1
+            holder = self.s.holders[y.victim]
+            sends.append(
+                self._tell(
+                    y.victim,
+                    "make_way",
+                    MakeWay(seq=holder.seq, for_job=y.for_job, reason=y.reason),
+                )
+            )
+        if sends:
+            await asyncio.gather(*sends)
+
+    async def _tell(self, job: str, signal: str, what: object) -> None:
+        """Signal a job; a job that is gone gives back what it had (it runs no cleanup)."""
+        try:
+            await workflow.get_external_workflow_handle(job).signal(signal, what)
+        except FailureError as err:
+            workflow.logger.info("job %s is gone (%s): its slot comes back", job, err.message)
+            self._drop(job)
+
+    def _drop(self, job: str) -> None:
+        """``job`` holds nothing and waits for nothing any more."""
+        held = self.s.holders.pop(job, None)
+        self.s.waiting = [a for a in self.s.waiting if a.job != job]
+        self.s.reserved.pop(job, None)
+        made_way = self.s.yielding.pop(job, None)
+        if (
+            held is not None
+            and made_way is not None
+            and made_way.for_job in {a.job for a in self.s.waiting}
+        ):
+            self.s.reserved[made_way.for_job] = job
+        for victim, y in list(self.s.yielding.items()):
+            if y.for_job == job:  # it left before the slot it was freed for came
+                del self.s.yielding[victim]
+        self.dirty = True
+
+    async def _forget_closed(self) -> None:
+        jobs = sorted(set(self.s.holders) | {a.job for a in self.s.waiting})
+        closed: list[str] = await workflow.execute_activity_method(
+            SchedulingActivities.closed_jobs,
+            jobs,
+            start_to_close_timeout=timedelta(minutes=2),
+            retry_policy=policies.SCHEDULER_RETRY,
+            summary=f"which of {len(jobs)} jobs are closed",
+        )
+        for job in closed:
+            workflow.logger.info("job %s closed without giving its slot back: taken back", job)
+            self._drop(job)
+
+    # ------------------------------------------------------------------ messages
+
+    @workflow.signal(name="ask")
+    def ask(self, ask: Ask) -> None:
+        held = self.s.holders.get(ask.job)
+        if held is not None and held.seq >= ask.seq:
+            return  # already admitted for it (a retried ask): the grant was sent
+        if held is not None:
+            self._drop(ask.job)  # an older request it holds a slot for: given back
+        waiting = next((a for a in self.s.waiting if a.job == ask.job), None)
+        if waiting is not None and waiting.seq >= ask.seq:
+            return
+        self.s.waiting = [a for a in self.s.waiting if a.job != ask.job]
+        if not ask.arrival:  # a job requeued after a preemption keeps its place
+            ask.arrival = self.s.next_arrival
+            self.s.next_arrival += 1
+        ask.asked_at = ask.asked_at or workflow.now()
+        self.s.waiting.append(ask)
+        self.dirty = True
+
+    @workflow.signal(name="release")
+    def release(self, release: Release) -> None:
+        held = self.s.holders.get(release.job)
+        if held is not None and held.seq > release.seq:
+            return  # a late word about an older slot
+        if release.requeue and release.job in self.s.yielding:
+            self.s.preempted_at[release.job] = workflow.now()
+        self._drop(release.job)
+
+    @workflow.signal(name="checkpointed")
+    def checkpointed(self, note: Checkpointed) -> None:
+        held = self.s.holders.get(note.job)
+        if held is not None and held.seq == note.seq:
+            held.checkpointed = True
+            self.dirty = True  # it may make way for a waiting job now
+
+    @workflow.update(name="configure")
+    async def configure(self, queue: QueueConfig) -> SchedulerState:
+        self.s.queues[queue.name] = queue
+        self.dirty = True
+        return self.s
+
+    @configure.validator
+    def _check_queue(self, queue: QueueConfig) -> None:
+        if problem := queue_problem(queue):
+            raise ValueError(problem)
+
+    @workflow.update(name="remove_queue")
+    async def remove_queue(self, name: str) -> SchedulerState:
+        self.s.queues.pop(name, None)
+        self.dirty = True
+        return self.s
+
+    @workflow.update(name="set_capacity")
+    async def set_capacity(self, capacity: Capacity) -> SchedulerState:
+        self.s.capacity = capacity
+        self.dirty = True
+        return self.s
+
+    @workflow.query(name="state")
+    def state(self) -> SchedulerState:
+        return self.s
+
+    @workflow.query(name="where")
+    def where(self, job: str) -> Placement | None:
+        place = position(self.s, job)
+        if place is None:
+            return None
+        ask = next(a for a in self.s.waiting if a.job == job)
+        return Placement(
+            queue=ask.queue,
+            position=place[0],
+            length=place[1],
+            waits_for=waits_for(self.s, job) or "",
+        )
+
+
+def queue_problem(queue: QueueConfig) -> str | None:
+    """Why a queue's config is refused (None: it is fine)."""
+    if not QUEUE_NAME.match(queue.name):
+        return (
+            f"queue {queue.name!r}: 1-200 characters of letters, digits, '.', '_', ':', '/' and '-'"
+        )
+    return None

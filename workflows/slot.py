@@ -1,0 +1,126 @@
+"""A job's slot on its backend: taken before its trainer is created, held through recoveries
+(a preemption by the platform is no reason to lose one's place), given back wherever the
+trainer goes for good or for a while — the finish's cleanup on every ending, a pause, and a
+priority preemption (the scheduler asked it to make way: it requeues, keeping its place).
+
+Only where the backend's profile declares its capacity (``slots``): the backend's scheduler
+(workflows/scheduler.py) then decides who is admitted; elsewhere the platform's own queue
+does, as before.
+
+Reads and changes the job's :class:`~workflows.context.JobContext` (``ctx.slot``);
+activities ``ask_for_slot``, ``release_slot``, ``note_checkpointed`` (policy
+``SLOT_MESSAGE``).
+
+Deterministic code only.
+"""
+
+from __future__ import annotations
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from activities.scheduling import SchedulingActivities
+    from shepherd.models import AskForSlotInput, SlotNoteInput
+    from shepherd.phases import Phase
+    from shepherd.scheduling import DEFAULT_QUEUE, Ask, Checkpointed, MakeWay, Release, SlotGrant
+    from workflows import policies
+    from workflows.context import JobContext
+    from workflows.flow import PauseNow
+
+
+async def take(ctx: JobContext) -> None:
+    """Wait in Shepherd's queue (QUEUED) until the backend's scheduler admits the job. A
+    pause meanwhile stops the wait (its place is given back); a long wait continues-as-new."""
+    slot = ctx.slot
+    if not slot.enabled or slot.held:
+        return
+    spec = ctx.spec
+    if not slot.asked:
+        ctx.stop_if_cancelled()
+        slot.seq += 1
+        ask = Ask(
+            job=ctx.s.workflow_id,
+            seq=slot.seq,
+            queue=spec.scheduling.queue or DEFAULT_QUEUE,
+            priority=spec.scheduling.priority,
+            preemptible=spec.scheduling.preemptible,
+            capabilities=list(spec.scheduling.required_capabilities),
+            arrival=slot.arrival,
+        )
+        # Asked before the call: a cancel meanwhile gives the place back (the ask may land).
+        slot.asked = True
+        await ctx.act(
+            SchedulingActivities.ask_for_slot,
+            AskForSlotInput(backend=spec.backend, ask=ask),
+            policies.SLOT_MESSAGE,
+            f"ask for a slot (queue {ask.queue}, priority {ask.priority})",
+        )
+    ctx.s.admission = f"waiting in Shepherd's queue {spec.scheduling.queue or DEFAULT_QUEUE}"
+    ctx.set_phase(Phase.QUEUED)
+    while not slot.held:
+        await workflow.wait_condition(
+            lambda: slot.held or ctx.cancel_seen() or ctx.pause_requested or ctx.history_long()
+        )
+        ctx.stop_if_cancelled()
+        if slot.held:
+            break
+        if ctx.pause_requested:
+            raise PauseNow()
+        await ctx.maybe_continue_as_new()
+    ctx.s.admission = None
+    ctx.publish()
+
+
+def granted(ctx: JobContext, grant: SlotGrant) -> None:
+    """The scheduler's ``slot_granted`` (for the job's current request only)."""
+    slot = ctx.slot
+    if slot.asked and grant.seq == slot.seq:
+        slot.held, slot.noted, slot.make_way = True, False, None
+        slot.arrival = grant.arrival
+
+
+def asked_to_make_way(ctx: JobContext, notice: MakeWay) -> None:
+    """The scheduler's ``make_way``: as a pause of its own (checkpoint, trainer let go), after
+    which the job asks again, keeping its place (``recovery.pause``)."""
+    slot = ctx.slot
+    if not slot.held or notice.seq != slot.seq or slot.make_way is not None:
+        return
+    slot.make_way = notice
+    if not ctx.pause_requested and ctx.s.phase is not Phase.PAUSED:
+        ctx.pause_requested = True
+
+
+async def give_back(ctx: JobContext, *, requeue: bool = False) -> None:
+    """The slot (or the place in line) back to the scheduler: sent even after a cancel."""
+    slot = ctx.slot
+    if not slot.enabled or not (slot.asked or slot.held):
+        return
+    await ctx.act(
+        SchedulingActivities.release_slot,
+        SlotNoteInput(
+            backend=ctx.spec.backend,
+            release=Release(job=ctx.s.workflow_id, seq=slot.seq, requeue=requeue),
+        ),
+        policies.SLOT_MESSAGE,
+        "give the slot back" + (" (requeued: making way for another job)" if requeue else ""),
+        cleanup=True,
+    )
+    slot.asked = slot.held = False
+    ctx.s.admission = None
+
+
+async def note_checkpoint(ctx: JobContext) -> None:
+    """The job checkpointed since it was admitted: from now on it may be preempted for a more
+    urgent job (it would lose only the steps since). Said once per admission."""
+    slot = ctx.slot
+    if not slot.enabled or not slot.held or slot.noted:
+        return
+    slot.noted = True
+    await ctx.act(
+        SchedulingActivities.note_checkpointed,
+        SlotNoteInput(
+            backend=ctx.spec.backend, checkpointed=Checkpointed(job=ctx.s.workflow_id, seq=slot.seq)
+        ),
+        policies.SLOT_MESSAGE,
+        "tell the scheduler: checkpointed",
+    )
