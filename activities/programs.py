@@ -222,8 +222,8 @@ class ProgramActivities:
         await run.stop(reason)
 
     def _forget(self, run: ProgramRun, *, later: bool = False) -> None:
-        """Drop the run (``later``: after the adopt grace, so that a next run's activity can
-        still collect the result its holder could not deliver)."""
+        """Drop the run (``later``: after ``PROGRAM_RESULT_KEPT``, so that a next run's
+        activity can still collect the result its holder could not deliver)."""
 
         def drop() -> None:
             if self._runs.get(run.workflow_id) is run:
@@ -231,7 +231,7 @@ class ProgramActivities:
 
         if later:
             asyncio.get_running_loop().call_later(
-                policies.PROGRAM_ADOPT_GRACE.total_seconds(), drop
+                policies.PROGRAM_RESULT_KEPT.total_seconds(), drop
             )
         else:
             drop()

@@ -32,26 +32,47 @@ def scored_spec(stack: Stack, name: str, metrics: list[str] | None = None, **sec
     )
 
 
-async def test_the_best_checkpoint_by_the_programs_own_metric_is_promoted(
+async def test_the_programs_own_metric_picks_the_best_or_says_it_cannot(
     stack: Stack, programs_env: Path
 ) -> None:
-    spec = scored_spec(
-        stack,
-        "scored",
-        metrics=["loss"],
-        checkpoint={"every_steps": 4, "keep_last": 1, "metric": "score", "mode": "max"},
-        output={"model_id": "scored-model", "promote": "best"},
+    """Three jobs of one program at once: the best checkpoint by a metric it writes is
+    promoted; a metric equal at every checkpoint decides nothing; one it never writes is
+    said at once and fails ``promote: best`` clearly."""
+    scored = await stack.start(
+        scored_spec(
+            stack,
+            "scored",
+            metrics=["loss"],
+            checkpoint={"every_steps": 4, "keep_last": 1, "metric": "score", "mode": "max"},
+            output={"model_id": "scored-model", "promote": "best"},
+        )
     )
-    handle = await stack.start(spec)
+    flat = await stack.start(
+        scored_spec(
+            stack,
+            "flat",
+            checkpoint={"every_steps": 4, "keep_last": 3, "metric": "flat", "mode": "max"},
+            output={"model_id": "flat-model", "promote": "best"},
+        )
+    )
+    unscored = await stack.start(
+        scored_spec(
+            stack,
+            "unscored",
+            checkpoint={"every_steps": 4, "keep_last": 2, "metric": "reward", "mode": "max"},
+            output={"model_id": "unscored-model", "promote": "best"},
+        )
+    )
     # The total is known from the job's start (its arguments), not when the program says.
-    early = await stack.until(handle, lambda s: s.total_steps > 0, timeout=30)
+    early = await stack.until(scored, lambda s: s.total_steps > 0, timeout=30)
     assert early.total_steps == 12
-    final: JobStatus = await handle.result()
-    assert final.phase is Phase.COMPLETED and final.step == 12
+
     # Best by score (10 around step 8), kept past keep_last: 1, and promoted.
+    final: JobStatus = await scored.result()
+    assert final.phase is Phase.COMPLETED and final.step == 12
     assert final.best is not None and final.best.step == 8 and final.best.metric == 10.0
     assert final.best_decided
-    digests = {line["step"]: line["digest"] for line in printed(programs_env, handle)}
+    digests = {line["step"]: line["digest"] for line in printed(programs_env, scored)}
     assert await promoted_digest(stack, "scored") == digests[8]
     assert final.model is not None and "step-00000008" in (final.model.checkpoint or "")
     # The program's curves, by its own step (0 .. 11), and its newest values.
@@ -59,59 +80,35 @@ async def test_the_best_checkpoint_by_the_programs_own_metric_is_promoted(
     assert [p.step for p in final.metric_curves["loss"]] == list(range(12))
     assert final.metrics_step == 11 and set(final.metrics) == {"score", "loss", "flat"}
     assert [p.step for p in final.eval_curve] == [4, 8, 12]
-
-    shown = await run_cli("status", handle.id, "--plot", "--metric", "score", stack=stack)
+    shown = await run_cli("status", scored.id, "--plot", "--metric", "score", stack=stack)
     assert shown.returncode == 0, shown.stderr
     assert "score (the program's, by its step)" in shown.stdout and "program" in shown.stdout
-    wrong = await run_cli("status", handle.id, "--plot", "--metric", "reward", stack=stack)
+    wrong = await run_cli("status", scored.id, "--plot", "--metric", "reward", stack=stack)
     assert wrong.returncode == 2 and "keeps: score, loss" in wrong.stderr, wrong.stderr
     assert "flat" in wrong.stderr  # the program's other metrics, by name
-    table = await run_cli("checkpoints", handle.id, "--json", stack=stack)
-    assert table.returncode == 0, table.stderr
 
-
-async def test_a_metric_the_program_never_writes_is_said_and_best_fails_clearly(
-    stack: Stack, programs_env: Path
-) -> None:
-    spec = scored_spec(
-        stack,
-        "unscored",
-        checkpoint={"every_steps": 4, "keep_last": 2, "metric": "reward", "mode": "max"},
-        output={"model_id": "unscored-model", "promote": "best"},
-    )
-    handle = await stack.start(spec)
-    with pytest.raises(WorkflowFailureError):
-        await handle.result()
-    final = await stack.status(handle)
-    assert final.phase is Phase.FAILED and final.error is not None
-    assert final.error.type == "MetricMissing"
-    assert "checkpoint.metric 'reward'" in final.error.message
-    assert "flat, loss, score" in final.error.message  # what the program does write
-    assert any("no such metric (it writes flat, loss, score)" in n for n in final.notices)
-    assert final.best is None and final.cleanup == "done" and final.checkpoints
-
-
-async def test_checkpoints_a_metric_cannot_tell_apart_are_not_called_best(
-    stack: Stack, programs_env: Path
-) -> None:
-    """A metric that is the same at every checkpoint (as math_rl's default loss, 0.0 at
-    every step) decides nothing: no checkpoint is called best, and ``promote: best`` takes
-    the latest of equals — the weights the program ended with."""
-    spec = scored_spec(
-        stack,
-        "flat",
-        checkpoint={"every_steps": 4, "keep_last": 3, "metric": "flat", "mode": "max"},
-        output={"model_id": "flat-model", "promote": "best"},
-    )
-    handle = await stack.start(spec)
-    final: JobStatus = await handle.result()
-    assert final.phase is Phase.COMPLETED
-    assert final.best is not None and final.best.step == 12 and not final.best_decided
-    ended = printed(programs_env, handle)[-1]
+    # A metric that is the same at every checkpoint (as math_rl's default loss, 0.0 at every
+    # step) decides nothing: no checkpoint is called best, and promote: best takes the
+    # latest of equals — the weights the program ended with.
+    even: JobStatus = await flat.result()
+    assert even.phase is Phase.COMPLETED
+    assert even.best is not None and even.best.step == 12 and not even.best_decided
+    ended = printed(programs_env, flat)[-1]
     assert ended["step"] == 12 and await promoted_digest(stack, "flat") == ended["digest"]
-    shown = await run_cli("status", handle.id, stack=stack)
+    shown = await run_cli("status", flat.id, stack=stack)
     assert "flat is the same at every checkpoint: it decides nothing" in shown.stdout
-    listed = await run_cli("checkpoints", handle.id, stack=stack)
+    listed = await run_cli("checkpoints", flat.id, stack=stack)
     assert listed.returncode == 0 and "*" not in listed.stdout, listed.stdout
-    said = json.loads((await run_cli("status", handle.id, "--json", stack=stack)).stdout)
+    said = json.loads((await run_cli("status", flat.id, "--json", stack=stack)).stdout)
     assert said["metrics"]["flat"] == 0.0
+
+    # A metric the program never writes: said at its first record, and best fails clearly.
+    with pytest.raises(WorkflowFailureError):
+        await unscored.result()
+    failed = await stack.status(unscored)
+    assert failed.phase is Phase.FAILED and failed.error is not None
+    assert failed.error.type == "MetricMissing"
+    assert "checkpoint.metric 'reward'" in failed.error.message
+    assert "flat, loss, score" in failed.error.message  # what the program does write
+    assert any("no such metric (it writes flat, loss, score)" in n for n in failed.notices)
+    assert failed.best is None and failed.cleanup == "done" and failed.checkpoints

@@ -121,7 +121,7 @@ async def test_the_most_urgent_job_is_admitted_next_and_knows_its_place(
     watcher = asyncio.ensure_future(admission_order(sched, backend, stop, order))
     # The first two hold their slots long enough to look at who waits behind them.
     lows = [
-        await sched.start(job(sched, f"low{i}", backend, steps=50 if i < 2 else 5, priority=0))
+        await sched.start(job(sched, f"low{i}", backend, steps=30 if i < 2 else 5, priority=0))
         for i in range(4)
     ]
     # Two hold the slots, two wait, in the order their asks arrived.
@@ -260,7 +260,7 @@ async def test_a_quota_changed_while_jobs_wait_takes_effect_at_once(
         "configure", QueueConfig(name="a", quota=2), result_type=SchedulerState
     )
     assert (await second.result()).phase is Phase.COMPLETED  # while the first still trains
-    assert (await sched.status(first)).phase is Phase.TRAINING
+    assert (await sched.status(first)).phase in (Phase.TRAINING, Phase.CHECKPOINTING)
     await first.cancel()
 
 
