@@ -52,14 +52,18 @@ async def test_job_page_shows_details_and_takes_pause_and_resume(stack: Stack, u
         try:
             page = await browser.new_page(viewport={"width": 1400, "height": 1600})
             # Findable by the search attributes, with the query users type in the UI.
-            query = 'ShepherdPhase="TRAINING" AND ShepherdLabels="team=support"'
-            # The list does not refresh by itself, and the job flips between TRAINING and
-            # CHECKPOINTING every few seconds: load it again until a load catches TRAINING.
-            async with asyncio.timeout(60):
+            # (The job flips between TRAINING and CHECKPOINTING every few seconds: a query for
+            # one phase would match only the loads that catch it, and on a busy machine a load
+            # takes seconds.)
+            query = (
+                'ShepherdPhase IN ("TRAINING", "CHECKPOINTING") AND ShepherdLabels="team=support"'
+            )
+            # The list does not refresh by itself: load it again until visibility has the job.
+            async with asyncio.timeout(90):
                 while True:
                     await page.goto(f"{ui_url}/namespaces/default/workflows?query={quote(query)}")
                     with contextlib.suppress(playwright_api.Error):
-                        await page.get_by_text(handle.id).first.wait_for(timeout=3_000)
+                        await page.get_by_text(handle.id).first.wait_for(timeout=15_000)
                         break
 
             await page.goto(f"{ui_url}/namespaces/default/workflows/{handle.id}")
