@@ -15,6 +15,7 @@ listing every problem with its field.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import functools
 import math
@@ -33,6 +34,7 @@ from temporalio.client import (
     WorkflowFailureError,
     WorkflowHandle,
     WorkflowQueryFailedError,
+    WorkflowUpdateFailedError,
 )
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
@@ -58,7 +60,15 @@ from shepherd.models import (
 from shepherd.phases import Phase
 from shepherd.preflight import SubmissionRefused
 from shepherd.schedules import Schedules
-from shepherd.scheduling import Placement, scheduler_id
+from shepherd.scheduling import (
+    SCHEDULER_TYPE,
+    Capacity,
+    Placement,
+    QueueConfig,
+    SchedulerState,
+    placements,
+    scheduler_id,
+)
 from shepherd.spec import (
     JOB_NAME,
     QUEUE_NAME,
@@ -80,6 +90,8 @@ S = TypeVar("S")
 #: history, in a second or two); a query no worker takes (nothing polls the job's task
 #: queue) would wait for ever. Past this, the status is read from the search attributes.
 STATUS_QUERY_TIMEOUT = timedelta(seconds=10)
+#: A backend's scheduler answers from memory; one no worker serves would wait for ever.
+SCHEDULER_QUERY_TIMEOUT = timedelta(seconds=5)
 
 
 class JobFailed(Exception):
@@ -314,6 +326,20 @@ def _from_visibility(workflow_id: str, desc: Any, why: BaseException) -> JobStat
     )
 
 
+#: A waiting job's start is estimated from at most this many running jobs (one query each).
+MAX_ESTIMATED_HOLDERS = 32
+
+
+def starts_in(remaining: list[float | None], *, ahead: int) -> float | None:
+    """When a job with ``ahead`` jobs before it should be admitted: as the running jobs end
+    (their ``remaining`` seconds), each slot freed goes to the next in line, so it is the
+    (ahead+1)-th soonest end. None where a running job cannot tell, or more jobs are ahead
+    than run now (their own runs would have to be guessed)."""
+    if ahead >= len(remaining) or any(r is None for r in remaining):
+        return None
+    return sorted(r for r in remaining if r is not None)[ahead]
+
+
 class JobSummary(BaseModel):
     """One line of a job list (from Temporal visibility, no worker needed)."""
 
@@ -328,6 +354,8 @@ class JobSummary(BaseModel):
     model: str | None = None
     start_time: datetime | None = None
     close_time: datetime | None = None
+    #: A job waiting for admission: its place and what it waits for.
+    placement: Placement | None = None
 
     @classmethod
     def from_execution(cls, ex: WorkflowExecution) -> JobSummary:
@@ -439,14 +467,29 @@ class JobHandle:
         return status
 
     async def _placement(self, status: JobStatus) -> Placement | None:
-        """Where a job waiting for admission stands, as its backend's scheduler says."""
+        """Where a job waiting for admission stands, as its backend's scheduler says, and
+        when it should start (:func:`starts_in`)."""
         handle = self._sh.client.get_workflow_handle(scheduler_id(status.backend))
         try:
-            return await handle.query(
-                "where", self.id, result_type=Placement, rpc_timeout=STATUS_QUERY_TIMEOUT
+            state = await handle.query(
+                "state", result_type=SchedulerState, rpc_timeout=STATUS_QUERY_TIMEOUT
             )
         except (WorkflowQueryFailedError, RPCError):
             return None  # best effort: the job's own status says it waits
+        place = dict(placements(state)).get(self.id)
+        if place is None:
+            return None
+        remaining: list[float | None] = []
+        for job in list(state.holders)[:MAX_ESTIMATED_HOLDERS]:
+            try:
+                held = await self._sh.client.get_workflow_handle(job).query(
+                    "status", result_type=JobStatus, rpc_timeout=STATUS_QUERY_TIMEOUT
+                )
+            except (WorkflowQueryFailedError, RPCError):
+                held = None
+            remaining.append(held.remaining_s() if held is not None else None)
+        place.starts_in_s = starts_in(remaining, ahead=place.position - 1)
+        return place
 
     async def _after_the_end(self, status: JobStatus, closed_at: datetime | None) -> None:
         """A job that ended without deleting its trainer: what the platform state it last
@@ -925,6 +968,75 @@ class Shepherd:
     def get(self, workflow_id: str) -> JobHandle:
         return JobHandle(self, _looked_up(workflow_id))
 
+    # ------------------------------------------------------------------ admission
+
+    async def schedulers(self) -> list[SchedulerState]:
+        """The state of every backend's scheduler (the backends that admit jobs) that a
+        worker answers for. All are asked at once: a scheduler no worker serves any more (a
+        backend taken out of the workers' profiles) costs one query timeout, not one each."""
+        query = f'WorkflowType = "{SCHEDULER_TYPE}" AND ExecutionStatus = "Running"'
+        ids = [ex.id async for ex in self.client.list_workflows(query)]
+
+        async def state(workflow_id: str) -> SchedulerState | None:
+            try:
+                return await self.client.get_workflow_handle(workflow_id).query(
+                    "state", result_type=SchedulerState, rpc_timeout=SCHEDULER_QUERY_TIMEOUT
+                )
+            except (WorkflowQueryFailedError, RPCError):
+                return None  # closing, or no worker serves its backend: left out
+
+        states = [s for s in await asyncio.gather(*(state(i) for i in ids)) if s is not None]
+        return sorted(states, key=lambda s: s.backend)
+
+    @_translated
+    async def scheduler(self, backend: str) -> SchedulerState:
+        """One backend's scheduler state."""
+        try:
+            return await self.client.get_workflow_handle(scheduler_id(backend)).query(
+                "state", result_type=SchedulerState, rpc_timeout=SCHEDULER_QUERY_TIMEOUT
+            )
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.DEADLINE_EXCEEDED:
+                raise input_error(
+                    "backend",
+                    f"backend {backend!r}'s scheduler does not answer: no running worker has "
+                    "its profile",
+                    "argument",
+                ) from None
+            if exc.status != RPCStatusCode.NOT_FOUND:
+                raise
+            raise input_error(
+                "backend",
+                f"no scheduler runs for backend {backend!r}: its profile declares no capacity "
+                "(SHEPHERD_BACKEND_<NAME>_SLOTS), or no job of it has asked for a slot yet",
+                "argument",
+            ) from None
+
+    async def _change_scheduler(self, backend: str, update: str, arg: Any) -> SchedulerState:
+        await self.scheduler(backend)  # (a clear error where none runs)
+        handle = self.client.get_workflow_handle(scheduler_id(backend))
+        try:
+            return await handle.execute_update(update, arg, result_type=SchedulerState)
+        except WorkflowUpdateFailedError as exc:
+            cause = exc.cause
+            raise input_error(
+                "queue", getattr(cause, "message", None) or str(cause or exc), "argument"
+            ) from None
+
+    @_translated
+    async def configure_queue(self, backend: str, queue: QueueConfig) -> SchedulerState:
+        """Declare or change a queue of ``backend``'s (in effect at once)."""
+        return await self._change_scheduler(backend, "configure", queue)
+
+    @_translated
+    async def remove_queue(self, backend: str, name: str) -> SchedulerState:
+        return await self._change_scheduler(backend, "remove_queue", name)
+
+    @_translated
+    async def set_capacity(self, backend: str, capacity: Capacity) -> SchedulerState:
+        """Change ``backend``'s capacity (fewer slots: nobody is stopped; admissions wait)."""
+        return await self._change_scheduler(backend, "set_capacity", capacity)
+
     @_translated
     async def list(
         self,
@@ -952,6 +1064,11 @@ class Shepherd:
             if exc.status != RPCStatusCode.INVALID_ARGUMENT:
                 raise
             raise input_error("query", f"the job query failed: {exc.message}", "argument") from None
+        if any(row.phase == Phase.QUEUED.value for row in out):
+            # Where each job waiting for admission stands (from the backends' schedulers).
+            places = {job: p for state in await self.schedulers() for job, p in placements(state)}
+            for row in out:
+                row.placement = places.get(row.workflow_id)
         return out
 
 

@@ -564,6 +564,14 @@ class JobStatus(Model):
             return self.checkpoints
         return [c for c in self.checkpoints if c.model in (None, self.following.number)]
 
+    def remaining_s(self) -> float | None:
+        """Seconds of training left, at the pace of its training so far (None: it has not
+        trained yet, or does not know its total)."""
+        trained = self.timings.get(Phase.TRAINING.value, 0.0)
+        if self.step <= 0 or not self.total_steps or trained <= 0:
+            return None
+        return max(0.0, (self.total_steps - self.step) * trained / self.step)
+
     @property
     def last_checkpoint(self) -> CheckpointRecord | None:
         mine = self.followed_checkpoints()
@@ -643,6 +651,8 @@ class SlotHold(Model):
     held: bool = False
     #: Its place of arrival (kept when it is requeued after making way for another).
     arrival: int = 0
+    #: When it asked (for the admission-wait metric).
+    asked_at: datetime | None = None
     #: It told the scheduler it checkpointed since it was admitted.
     noted: bool = False
     #: The scheduler asked it to make way (for another job) while it held its slot.

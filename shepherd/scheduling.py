@@ -26,11 +26,13 @@ workflows/scheduler.py, runs it over its state; the CLI reads the same state):
 
 from __future__ import annotations
 
+import base64
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 #: A job is preempted for another at most once in this long: a job that keeps being taken
 #: from would make no progress (each preemption costs it a checkpoint, a trainer's boot and
@@ -122,9 +124,13 @@ class SchedulerState(_Model):
     #: How often the scheduler asks which of its jobs closed without a word (terminated):
     #: their slots come back within this (seconds).
     holder_check_s: float = Field(default=30.0, gt=0, le=3600)
-    #: Counters (metrics): admissions, preemptions by cause.
+    #: Counters (metrics): admissions, preemptions by cause, and per queue the seconds its
+    #: jobs held slots (of those given back) and waited for them (of those admitted).
     admitted_total: int = 0
     preemptions: dict[str, int] = Field(default_factory=dict)
+    held_seconds: dict[str, float] = Field(default_factory=dict)
+    waited_seconds: dict[str, float] = Field(default_factory=dict)
+    admitted: dict[str, int] = Field(default_factory=dict)
 
     def queue(self, name: str) -> QueueConfig:
         """``name``'s config. Where no queue is declared, every queue is entitled to the
@@ -149,6 +155,19 @@ class Plan:
 
     grants: list[Ask]
     yields: list[Yielding]
+
+
+def quota_problem(queues: dict[str, QueueConfig], capacity: Capacity) -> str | None:
+    """Quotas are entitlements: together they may not promise more slots than there are
+    (a queue under its quota reclaims borrowed slots; two could not both be owed one)."""
+    total = sum(q.quota for q in queues.values())
+    if total > capacity.slots:
+        each = ", ".join(f"{n} {q.quota}" for n, q in sorted(queues.items()))
+        return (
+            f"quota: the queues' quotas ({each}) add up to {total}, more than the backend's "
+            f"{capacity.slots} slots"
+        )
+    return None
 
 
 def missing_capabilities(ask: Ask, capacity: Capacity) -> list[str]:
@@ -253,15 +272,23 @@ def _preemptions(
     return yields
 
 
+def lines(state: SchedulerState) -> dict[str, list[Ask]]:
+    """Each queue's waiting jobs in their order of admission (priority, then arrival)."""
+    out: dict[str, list[Ask]] = {}
+    for ask in state.waiting:
+        out.setdefault(ask.queue, []).append(ask)
+    for line in out.values():
+        line.sort(key=lambda a: (-a.priority, a.arrival))
+    return out
+
+
 def position(state: SchedulerState, job: str) -> tuple[int, int] | None:
     """A waiting job's place in its queue (1-based) and the queue's length (None: it does
     not wait)."""
     mine = next((a for a in state.waiting if a.job == job), None)
     if mine is None:
         return None
-    line = sorted(
-        (a for a in state.waiting if a.queue == mine.queue), key=lambda a: (-a.priority, a.arrival)
-    )
+    line = lines(state)[mine.queue]
     return line.index(mine) + 1, len(line)
 
 
@@ -271,13 +298,17 @@ def waits_for(state: SchedulerState, job: str) -> str | None:
     if place is None:
         return None
     ask = next(a for a in state.waiting if a.job == job)
+    return _waits_for(state, ask, place[0])
+
+
+def _waits_for(state: SchedulerState, ask: Ask, place: int) -> str:
     if missing := missing_capabilities(ask, state.capacity):
         return f"a backend with {', '.join(missing)} (backend {state.backend!r} has not)"
     if ask.job in state.reserved or any(y.for_job == ask.job for y in state.yielding.values()):
         return "a slot being freed for it (a lower-priority job is checkpointing)"
     used = state.usage()
     q = state.queue(ask.queue)
-    ahead = place[0] - 1
+    ahead = place - 1
     if ahead:
         return f"{ahead} job(s) ahead of it in queue {ask.queue!r} (higher priority, or earlier)"
     limit = q.quota + q.borrow_limit
@@ -301,6 +332,24 @@ class SchedulerInput(_Model):
     """The scheduler workflow's one argument: its state (a new one's seed, or carried)."""
 
     state: SchedulerState
+    #: The waiting jobs, carried apart from ``state`` as zlib-compressed JSON (base64): a
+    #: waiting job's request is ~175 bytes of JSON, so 10,000 of them would come near
+    #: Temporal's 2 MB limit on a payload (the continue-as-new input); packed, ~10x less.
+    waiting_packed: str | None = None
+
+    @classmethod
+    def carry(cls, state: SchedulerState) -> SchedulerInput:
+        """The input that carries ``state`` across continue-as-new."""
+        rows = TypeAdapter(list[Ask]).dump_json(state.waiting)
+        packed = base64.b64encode(zlib.compress(rows, 6)).decode()
+        return cls(state=state.model_copy(update={"waiting": []}), waiting_packed=packed)
+
+    def unpacked(self) -> SchedulerState:
+        if self.waiting_packed is None:
+            return self.state
+        rows = zlib.decompress(base64.b64decode(self.waiting_packed))
+        waiting = TypeAdapter(list[Ask]).validate_json(rows)
+        return self.state.model_copy(update={"waiting": [*waiting, *self.state.waiting]})
 
 
 class Release(_Model):
@@ -346,6 +395,48 @@ class Placement(_Model):
     position: int
     length: int
     waits_for: str
+    #: Seconds until it should be admitted, from the running jobs' progress (a client's
+    #: estimate: None where the running jobs do not say, or more must finish than run now).
+    starts_in_s: float | None = None
+
+
+#: The scheduler's workflow type.
+SCHEDULER_TYPE = "ShepherdScheduler"
+
+
+def placements(state: SchedulerState, *, first: int | None = None) -> list[tuple[str, Placement]]:
+    """Where every waiting job stands (or the ``first`` of each queue), queue by queue."""
+    out = []
+    for name, line in sorted(lines(state).items()):
+        for i, ask in enumerate(line[:first]):
+            place = Placement(
+                queue=name,
+                position=i + 1,
+                length=len(line),
+                waits_for=_waits_for(state, ask, i + 1),
+            )
+            out.append((ask.job, place))
+    return out
+
+
+def details(state: SchedulerState, *, first: int = 10) -> str:
+    """The scheduler's page in the Web UI (its current details, markdown): capacity, each
+    queue's use, and the first jobs waiting in each with what they wait for."""
+    used = state.usage()
+    head = (
+        f"**{state.backend}**: {len(state.holders)} of {state.capacity.slots} slots held, "
+        f"{len(state.waiting)} waiting, {state.admitted_total} admitted"
+    )
+    rows = ["| queue | quota | in use | waiting |", "|---|---|---|---|"]
+    waiting = {name: len(line) for name, line in lines(state).items()}
+    for name in sorted({*state.queues, *used, *waiting}):
+        q = state.queue(name)
+        rows.append(f"| {name} | {q.quota} | {used.get(name, 0)} | {waiting.get(name, 0)} |")
+    line = [
+        f"- {p.queue} {p.position}/{p.length}: `{job}` waits for {p.waits_for}"
+        for job, p in placements(state, first=first)
+    ]
+    return "\n".join([head, "", *rows, "", *line])
 
 
 def scheduler_id(backend: str) -> str:

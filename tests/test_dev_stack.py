@@ -20,6 +20,7 @@ import pytest
 from shepherd import offline, reaper
 from shepherd.jobs import start_job
 from shepherd.phases import Phase
+from shepherd.scheduling import SchedulerState, scheduler_id
 from shepherd.spec import validate_spec
 from shepherd.temporal import TemporalSettings, connect
 from tests.helpers import trainer_pids
@@ -97,6 +98,8 @@ async def test_dev_brings_everything_up_runs_a_job_and_stops_cleanly(tmp_path: P
         assert worker_env["HF_HOME"] == info["hf_home"] == str((state / "hf-home").resolve())
         assert worker_env["HF_HUB_OFFLINE"] == "1"
         assert offline.tokenizer_problem("Qwen/Qwen3-8B-Base", worker_env) is None
+        # Jobs wait for admission in Shepherd: as many slots as the plane has trainers.
+        assert worker_env["SHEPHERD_BACKEND_LOCAL_SLOTS"] == "4"
 
         client = await connect(TemporalSettings(address=info["temporal"]))
         spec = validate_spec(
@@ -112,6 +115,11 @@ async def test_dev_brings_everything_up_runs_a_job_and_stops_cleanly(tmp_path: P
         handle = await start_job(client, spec, task_queue=info["task_queue"])
         result = await handle.result()
         assert result.phase is Phase.COMPLETED and result.model is not None
+        line = client.get_workflow_handle(scheduler_id("local"))
+        async with asyncio.timeout(30):  # (the release reaches the scheduler just after)
+            while (admitted := await line.query("state", result_type=SchedulerState)).holders:
+                await asyncio.sleep(0.1)
+        assert admitted.admitted_total == 1
         # The stack's own server: its workflows replay as the session's do (tests/replay.py).
         assert await replay_since(client, since, "dev stack") >= 1
         # The stack runs the reaper (terminated jobs' trainers are deleted, README).

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from pydantic import BaseModel, Field, ValidationError
 
 from shepherd.platform import PlatformClient
-from shepherd.scheduling import QueueConfig
+from shepherd.scheduling import Capacity, QueueConfig, quota_problem
 
 #: Defaults per well-known profile name.
 _DEFAULTS: dict[str, dict[str, object]] = {
@@ -77,6 +77,12 @@ def profiles_from_env(env: Mapping[str, str] | None = None) -> dict[str, Backend
     for name in names:
         prefix = f"SHEPHERD_BACKEND_{name.upper().replace('-', '_')}_"
         base = dict(_DEFAULTS.get(name, {}))
+        slots = _slots(env.get(prefix + "SLOTS"), prefix + "SLOTS")
+        queues = _queues(env.get(prefix + "QUEUES"), prefix + "QUEUES")
+        if queues and slots is None:
+            raise BackendConfigError(f"{prefix}QUEUES: declare {prefix}SLOTS too")
+        if slots is not None and (problem := quota_problem(queues, Capacity(slots=slots))):
+            raise BackendConfigError(f"{prefix}QUEUES: {problem}")
         values = {
             "url": env.get(prefix + "URL", base.get("url")),
             "gateway_url": env.get(prefix + "GATEWAY_URL"),
@@ -87,11 +93,11 @@ def profiles_from_env(env: Mapping[str, str] | None = None) -> dict[str, Backend
             "events": env.get(prefix + "EVENTS", str(base.get("events", False))).lower()
             in ("1", "true", "yes"),
             "timeout_s": float(env.get(prefix + "TIMEOUT", "30")),
-            "slots": _slots(env.get(prefix + "SLOTS"), prefix + "SLOTS"),
+            "slots": slots,
             "capabilities": [
                 t.strip() for t in env.get(prefix + "CAPABILITIES", "").split(",") if t.strip()
             ],
-            "queues": _queues(env.get(prefix + "QUEUES"), prefix + "QUEUES"),
+            "queues": queues,
             "holder_check_s": float(env.get(prefix + "HOLDER_CHECK", "30")),
         }
         if not values["url"]:

@@ -24,6 +24,7 @@ from typing import Any
 
 import httpx
 
+from localplane.admin import PlaneAdmin
 from localplane.plane import API_KEY_FILE
 from localplane.process import PlaneProcess
 from shepherd import binaries, offline, reaper, search_attributes
@@ -361,6 +362,7 @@ class DevStack:
                     "TEMPORAL_ADDRESS": self.temporal.address,
                     "SHEPHERD_BACKEND_LOCAL_URL": self.plane.url,
                     "SHEPHERD_PLANE_API_KEY": self.plane.api_key,
+                    **self.admission(),
                     # Program jobs' log directories (shepherd logs reads them from here).
                     "SHEPHERD_PROGRAM_DIR": str(self.program_dir),
                     **example_loops(),
@@ -375,6 +377,21 @@ class DevStack:
             self.stop()
             raise
         return self
+
+    def admission(self) -> dict[str, str]:
+        """Jobs wait for admission in Shepherd (priority, queues), not on the plane: the
+        local backend declares as many slots as the plane has trainers, unless the
+        environment declares its own (SHEPHERD_BACKEND_LOCAL_SLOTS; empty: none at all)."""
+        if "SHEPHERD_BACKEND_LOCAL_SLOTS" in os.environ:
+            return {}
+        plane = self.plane
+        assert plane is not None
+
+        async def capacity() -> int:
+            async with PlaneAdmin(plane.url, plane.admin_key) as admin:
+                return int((await admin.stats())["capacity"])
+
+        return {"SHEPHERD_BACKEND_LOCAL_SLOTS": str(asyncio.run(capacity()))}
 
     async def _install_reaper(self) -> None:
         """The reaper's Schedule, at a dev stack's pace (docs/production.md

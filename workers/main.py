@@ -42,6 +42,7 @@ from shepherd import loops, programs
 from shepherd.logging import configure_logging
 from shepherd.preflight import worker_identity
 from shepherd.temporal import TemporalSettings, connect, ensure_search_attributes
+from workers import metrics
 from workers.config import BackendProfile, BackendRegistry, profiles_from_env
 from workers.events import EventBridge
 from workflows import policies
@@ -251,7 +252,7 @@ async def run_worker(
 ) -> None:
     temporal = temporal or TemporalSettings()
     registry = BackendRegistry(profiles if profiles is not None else profiles_from_env())
-    client = await connect(temporal)
+    client = await connect(temporal, runtime=metrics.temporal_runtime())
     await _require_search_attributes(client)
     stop = stop or asyncio.Event()
     queues = list(task_queues or [temporal.task_queue])
@@ -270,6 +271,7 @@ async def run_worker(
     async with contextlib.AsyncExitStack() as stack:
         for worker in workers:
             await stack.enter_async_context(worker)
+        await stack.enter_async_context(metrics.serving(client, os.environ.get(metrics.ENV)))
         bridge_task = asyncio.create_task(bridge.run())
         log.info(
             "worker.ready",

@@ -26,7 +26,7 @@ with workflow.unsafe.imports_passed_through():
     from shepherd.models import PlatformJob, RecoveryRecord
     from shepherd.phases import Phase
     from shepherd.states import JobState
-    from workflows import checkpointing, policies, slot, trainer
+    from workflows import checkpointing, measures, policies, slot, trainer
     from workflows.context import JobContext
     from workflows.flow import RESUMABLE_OR_RUNNING, Lost, Terminal
     from workflows.held import TrainerWork
@@ -91,6 +91,7 @@ async def recover(ctx: JobContext, work: TrainerWork, lost: Lost) -> None:
         started_at=workflow.now(),
     )
     ctx.s.recoveries.append(record)
+    measures.recovery(ctx.spec.backend, reason)
     ctx.serving = False
     ctx.session = None
     if job is not None and job.trainer_job_id == ctx.s.trainer_job_id:
@@ -206,6 +207,7 @@ async def pause(ctx: JobContext, work: TrainerWork) -> None:
                     action="requeue",
                 )
             )
+            measures.recovery(ctx.spec.backend, "priority")
             await slot.give_back(ctx, requeue=True)
             return
         await slot.give_back(ctx)

@@ -33,6 +33,7 @@ from temporalio.exceptions import FailureError
 with workflow.unsafe.imports_passed_through():
     from activities.scheduling import SchedulingActivities
     from shepherd.scheduling import (
+        SCHEDULER_TYPE,
         Ask,
         Capacity,
         Checkpointed,
@@ -44,8 +45,10 @@ with workflow.unsafe.imports_passed_through():
         SchedulerInput,
         SchedulerState,
         SlotGrant,
+        details,
         plan,
         position,
+        quota_problem,
         waits_for,
     )
     from shepherd.spec import QUEUE_NAME
@@ -55,11 +58,11 @@ with workflow.unsafe.imports_passed_through():
 MAX_HISTORY = 4000
 
 
-@workflow.defn(name="ShepherdScheduler")
+@workflow.defn(name=SCHEDULER_TYPE)
 class SchedulerWorkflow:
     @workflow.init
     def __init__(self, inp: SchedulerInput) -> None:
-        self.s: SchedulerState = inp.state
+        self.s: SchedulerState = inp.unpacked()
         #: Something changed since the last decision.
         self.dirty = True
 
@@ -73,7 +76,7 @@ class SchedulerWorkflow:
                 )
             if self._long():
                 await workflow.wait_condition(workflow.all_handlers_finished)
-                workflow.continue_as_new(SchedulerInput(state=self.s))
+                workflow.continue_as_new(SchedulerInput.carry(self.s))
             if workflow.now() - last_check >= self._check_every() and (
                 self.s.holders or self.s.waiting
             ):
@@ -82,6 +85,8 @@ class SchedulerWorkflow:
             if self.dirty:
                 self.dirty = False
                 await self._decide()
+                # Its page in the Web UI: who holds, who waits where, and for what.
+                workflow.set_current_details(details(self.s))
 
     def _check_every(self) -> timedelta:
         """How often to ask which jobs closed without a word (``holder_check_s``)."""
@@ -112,6 +117,10 @@ class SchedulerWorkflow:
                 granted_at=now,
             )
             self.s.admitted_total += 1
+            q = ask.queue
+            self.s.admitted[q] = self.s.admitted.get(q, 0) + 1
+            waited = (now - ask.asked_at).total_seconds() if ask.asked_at else 0.0
+            self.s.waited_seconds[q] = self.s.waited_seconds.get(q, 0.0) + max(0.0, waited)
             grant = SlotGrant(
                 seq=ask.seq, backend=self.s.backend, queue=ask.queue, arrival=ask.arrival
             )
@@ -142,6 +151,9 @@ class SchedulerWorkflow:
     def _drop(self, job: str) -> None:
         """``job`` holds nothing and waits for nothing any more."""
         held = self.s.holders.pop(job, None)
+        if held is not None:
+            seconds = (workflow.now() - held.granted_at).total_seconds()
+            self.s.held_seconds[held.queue] = self.s.held_seconds.get(held.queue, 0.0) + seconds
         self.s.waiting = [a for a in self.s.waiting if a.job != job]
         self.s.reserved.pop(job, None)
         made_way = self.s.yielding.pop(job, None)
@@ -213,7 +225,10 @@ class SchedulerWorkflow:
 
     @configure.validator
     def _check_queue(self, queue: QueueConfig) -> None:
-        if problem := queue_problem(queue):
+        others = {n: q for n, q in self.s.queues.items() if n != queue.name}
+        if problem := queue_problem(queue) or quota_problem(
+            {**others, queue.name: queue}, self.s.capacity
+        ):
             raise ValueError(problem)
 
     @workflow.update(name="remove_queue")
@@ -222,11 +237,22 @@ class SchedulerWorkflow:
         self.dirty = True
         return self.s
 
+    @remove_queue.validator
+    def _check_removal(self, name: str) -> None:
+        if name not in self.s.queues:
+            known = ", ".join(sorted(self.s.queues)) or "none"
+            raise ValueError(f"queue {name!r} is not declared (declared: {known})")
+
     @workflow.update(name="set_capacity")
     async def set_capacity(self, capacity: Capacity) -> SchedulerState:
         self.s.capacity = capacity
         self.dirty = True
         return self.s
+
+    @set_capacity.validator
+    def _check_capacity(self, capacity: Capacity) -> None:
+        if problem := quota_problem(self.s.queues, capacity):
+            raise ValueError(problem)
 
     @workflow.query(name="state")
     def state(self) -> SchedulerState:

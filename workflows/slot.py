@@ -22,8 +22,16 @@ with workflow.unsafe.imports_passed_through():
     from activities.scheduling import SchedulingActivities
     from shepherd.models import AskForSlotInput, SlotNoteInput
     from shepherd.phases import Phase
-    from shepherd.scheduling import DEFAULT_QUEUE, Ask, Checkpointed, MakeWay, Release, SlotGrant
-    from workflows import policies
+    from shepherd.scheduling import (
+        DEFAULT_QUEUE,
+        Ask,
+        Checkpointed,
+        MakeWay,
+        Release,
+        SlotGrant,
+        scheduler_id,
+    )
+    from workflows import measures, policies
     from workflows.context import JobContext
     from workflows.flow import PauseNow
 
@@ -48,14 +56,18 @@ async def take(ctx: JobContext) -> None:
             arrival=slot.arrival,
         )
         # Asked before the call: a cancel meanwhile gives the place back (the ask may land).
-        slot.asked = True
+        slot.asked, slot.asked_at = True, workflow.now()
         await ctx.act(
             SchedulingActivities.ask_for_slot,
             AskForSlotInput(backend=spec.backend, ask=ask),
             policies.SLOT_MESSAGE,
             f"ask for a slot (queue {ask.queue}, priority {ask.priority})",
         )
-    ctx.s.admission = f"waiting in Shepherd's queue {spec.scheduling.queue or DEFAULT_QUEUE}"
+    # (The Web UI shows the line itself on the scheduler's page.)
+    ctx.s.admission = (
+        f"waiting in Shepherd's queue {spec.scheduling.queue or DEFAULT_QUEUE} "
+        f"(the line: workflow {scheduler_id(spec.backend)})"
+    )
     ctx.set_phase(Phase.QUEUED)
     while not slot.held:
         await workflow.wait_condition(
@@ -77,6 +89,8 @@ def granted(ctx: JobContext, grant: SlotGrant) -> None:
     if slot.asked and grant.seq == slot.seq:
         slot.held, slot.noted, slot.make_way = True, False, None
         slot.arrival = grant.arrival
+        if slot.asked_at is not None:
+            measures.admission_wait(ctx.spec.backend, grant.queue, slot.asked_at)
 
 
 def asked_to_make_way(ctx: JobContext, notice: MakeWay) -> None:

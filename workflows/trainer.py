@@ -26,6 +26,7 @@ with workflow.unsafe.imports_passed_through():
     from shepherd.models import CreateTrainerInput, PlatformJob, TrainerRef
     from shepherd.phases import Phase
     from shepherd.platform import rules
+    from workflows import measures
     from workflows.context import JobContext
     from workflows.flow import DEAD, PLACED, RUNNING, PauseNow
     from workflows.held import TrainerWork
@@ -84,7 +85,9 @@ async def come_up(ctx: JobContext, work: TrainerWork) -> None:
     )
     ctx.set_phase(Phase.PREPARING)
     ctx.session = None  # a (re)started trainer holds no model
+    running_at = workflow.now()
     await work.prepare(ctx)
+    measures.readiness_lag(ctx.spec.backend, running_at)
     if not ctx.recovering:
         ctx.close_recovery_record()  # (a job that made way for another is back)
 

@@ -108,10 +108,11 @@ def plane(
 
 
 def _register_user_commands() -> None:
-    from shepherd.cli import jobs, logs, reaper, schedules, sweeps
+    from shepherd.cli import jobs, logs, queues, reaper, schedules, sweeps
 
     jobs.register(app)
     logs.register(app)
+    app.add_typer(queues.app, name="queues")
     app.add_typer(schedules.app, name="schedule")
     app.add_typer(sweeps.app, name="sweep")
     app.add_typer(reaper.app, name="reaper")

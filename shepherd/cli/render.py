@@ -22,6 +22,7 @@ from rich.table import Table
 
 from shepherd.models import JobStatus
 from shepherd.phases import Phase
+from shepherd.reaper import duration_text
 
 #: The width of output that goes to a pipe or a file (which has none): wide enough that
 #: a table is never cut or folded there. Rich would otherwise assume 80 columns.
@@ -155,7 +156,12 @@ def _admission(status: JobStatus) -> str:
     p = status.placement
     if p is None:
         return status.admission or "-"
-    return f"position {p.position} of {p.length} in queue {p.queue}: waits for {p.waits_for}"
+    when = (
+        f"; starts in about {duration_text(p.starts_in_s)} (from the running jobs' progress)"
+        if p.starts_in_s is not None
+        else ""
+    )
+    return f"position {p.position} of {p.length} in queue {p.queue}: waits for {p.waits_for}{when}"
 
 
 def _headline(status: JobStatus) -> str:
@@ -234,13 +240,19 @@ async def watch_progress(updates: AsyncIterator[JobStatus]) -> JobStatus:
     return final
 
 
+def _place(row: Any) -> str:
+    """``(2/5 team-a)``: a waiting job's place in its admission queue."""
+    p = getattr(row, "placement", None)
+    return f" ({p.position}/{p.length} {p.queue})" if p is not None else ""
+
+
 def job_table(rows: Iterable[Any]) -> None:
     headers = ["job", "name", "phase", "step", "labels", "trainer", "started"]
     cells = [
         [
             r.workflow_id,
             r.name or "-",
-            r.phase or r.execution_status or "-",
+            (r.phase or r.execution_status or "-") + _place(r),
             "-" if r.step is None else str(r.step),
             ", ".join(f"{k}={v}" for k, v in sorted(r.labels.items())) or "-",
             r.trainer_job_id or "-",

@@ -25,6 +25,7 @@ def test_services_and_pinned_images() -> None:
         "temporal-ui",
         "localplane",
         "shepherd-worker",
+        "prometheus",
     }
     for name, service in SERVICES.items():
         if "image" in service:
@@ -71,3 +72,25 @@ def test_admin_tools_register_every_search_attribute() -> None:
     script = " ".join(SERVICES["temporal-admin-tools"]["command"])
     registered = dict(re.findall(r"(Shepherd\w+)=(\w+)", script))
     assert registered == {key.name: sa.cli_type(key) for key in sa.ALL}
+
+
+def test_prometheus_scrapes_every_worker_at_the_ports_they_serve() -> None:
+    """Both of a worker's endpoints (workers/metrics.py), on every replica (DNS), admission
+    declared for the local plane."""
+    env = SERVICES["shepherd-worker"]["environment"]
+    ports = {
+        int(env[k].rsplit(":", 1)[1]) for k in ("SHEPHERD_METRICS", "SHEPHERD_TEMPORAL_METRICS")
+    }
+    prometheus = SERVICES["prometheus"]
+    mount = next(
+        v for v in prometheus["volumes"] if v.endswith(":/etc/prometheus/prometheus.yml:ro")
+    )
+    config = yaml.safe_load((ROOT / mount.split(":")[0]).read_text())
+    scraped = {
+        (name, sd["port"])
+        for job in config["scrape_configs"]
+        for sd in job["dns_sd_configs"]
+        for name in sd["names"]
+    }
+    assert scraped == {("shepherd-worker", port) for port in ports}
+    assert env["SHEPHERD_BACKEND_LOCAL_SLOTS"].startswith("${")

@@ -195,6 +195,8 @@ def parse_cli(args: list[str]) -> tuple[list[str], Any]:
     ctx = _cli().make_context("shepherd", list(args))
     path: list[str] = []
     while hasattr(ctx.command, "resolve_command"):  # a group: on to its subcommand
+        if not _rest(ctx) and getattr(ctx.command, "invoke_without_command", False):
+            break  # a group that is a command of its own too (``shepherd queues``)
         name, command, rest = ctx.command.resolve_command(ctx, _rest(ctx))
         path.append(name)
         ctx = command.make_context(name, rest, parent=ctx)

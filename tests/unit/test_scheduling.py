@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from shepherd.scheduling import (
     PREEMPT_MIN_INTERVAL,
     Ask,
@@ -153,3 +155,78 @@ def test_a_waiting_job_knows_its_place_and_what_it_waits_for() -> None:
     assert "quota" in (waits_for(s, "t") or "")
     s.yielding["running"] = Yielding(victim="running", for_job="w0", reason="x", asked_at=NOW)
     assert "being freed for it" in (waits_for(s, "w0") or "")
+
+
+def test_a_waiting_jobs_start_is_the_slot_that_frees_for_it() -> None:
+    from shepherd.client import starts_in
+
+    # Each slot freed goes to the next in line: the (ahead+1)-th soonest end.
+    assert starts_in([30.0, 10.0, 20.0], ahead=0) == 10.0
+    assert starts_in([30.0, 10.0, 20.0], ahead=2) == 30.0
+    # More ahead than run now, or a running job that cannot tell: no guess.
+    assert starts_in([30.0, 10.0], ahead=2) is None
+    assert starts_in([30.0, None], ahead=0) is None
+    assert starts_in([], ahead=0) is None
+
+
+def test_a_running_jobs_remaining_time_is_at_its_own_pace() -> None:
+    from shepherd.models import JobStatus
+
+    running = JobStatus(step=10, total_steps=40, timings={"TRAINING": 20.0, "QUEUED": 99.0})
+    assert running.remaining_s() == 60.0  # 30 steps at 2 s each (waiting does not count)
+    assert JobStatus(step=0, total_steps=40).remaining_s() is None
+    assert JobStatus(step=5, total_steps=0, timings={"TRAINING": 5.0}).remaining_s() is None
+    assert JobStatus(step=40, total_steps=40, timings={"TRAINING": 5.0}).remaining_s() == 0.0
+
+
+def test_ten_thousand_waiting_jobs_carry_across_continue_as_new_well_under_the_payload_limit() -> (
+    None
+):
+    from datetime import UTC, datetime
+
+    from shepherd.scheduling import Ask, Capacity, SchedulerInput, SchedulerState
+
+    at = datetime(2026, 11, 28, tzinfo=UTC)
+    state = SchedulerState(backend="b", capacity=Capacity(slots=4))
+    state.waiting = [
+        Ask(
+            job=f"job-sweep-team-{i % 7}-{i:05d}-3f2a9c",
+            seq=1,
+            queue=f"team-{i % 7}",
+            priority=i % 11,
+            preemptible=bool(i % 2),
+            arrival=i,
+            asked_at=at,
+        )
+        for i in range(10_000)
+    ]
+    carried = SchedulerInput.carry(state)
+    size = len(carried.model_dump_json())
+    assert size < 512 * 1024, size  # under the server's warning (512 KB), let alone 2 MB
+    assert carried.unpacked() == state
+    assert SchedulerInput(state=state).unpacked() == state  # an input from before packing
+
+
+def test_a_profile_declares_capacity_and_queues_and_is_refused_naming_the_variable() -> None:
+    from workers.config import BackendConfigError, profiles_from_env
+
+    env = {
+        "SHEPHERD_BACKENDS": "local",
+        "SHEPHERD_BACKEND_LOCAL_SLOTS": "4",
+        "SHEPHERD_BACKEND_LOCAL_CAPABILITIES": "h100, eu",
+        "SHEPHERD_BACKEND_LOCAL_QUEUES": '{"a": {"quota": 3, "borrow_limit": 1}, "b": {"quota": 1}}',
+    }
+    local = profiles_from_env(env)["local"]
+    assert local.slots == 4 and local.capabilities == ["h100", "eu"]
+    assert local.queues["a"].quota == 3 and local.queues["a"].borrow_limit == 1
+    assert profiles_from_env({"SHEPHERD_BACKENDS": "local"})["local"].slots is None
+    refused = {
+        "SHEPHERD_BACKEND_LOCAL_SLOTS": ("many", "SLOTS: 'many' is not a whole number"),
+        "SHEPHERD_BACKEND_LOCAL_QUEUES": ('{"a": {"quota": 5}}', "add up to 5, more than"),
+    }
+    for key, (value, said) in refused.items():
+        with pytest.raises(BackendConfigError, match=said) as err:
+            profiles_from_env({**env, key: value})
+        assert key in str(err.value)
+    with pytest.raises(BackendConfigError, match="declare SHEPHERD_BACKEND_LOCAL_SLOTS"):
+        profiles_from_env({"SHEPHERD_BACKEND_LOCAL_QUEUES": '{"a": {"quota": 1}}'})

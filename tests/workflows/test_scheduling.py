@@ -6,8 +6,12 @@ its scheduler is its own."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import sys
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -83,6 +87,25 @@ def job(stack: Stack, name: str, backend: str, steps: int = 30, **scheduling: An
     )
 
 
+async def cli(stack: Stack, *args: str) -> tuple[int, str]:
+    """``shepherd <args>`` as a user runs it, against the test's server: exit code, output."""
+    env = {
+        **os.environ,
+        "TEMPORAL_ADDRESS": stack.client.service_client.config.target_host,
+        "SHEPHERD_TASK_QUEUE": stack.task_queue,
+        "COLUMNS": "200",
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        *("-m", "shepherd.cli.main", *args),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env=env,
+    )
+    out, _ = await proc.communicate()
+    return proc.returncode or 0, out.decode()
+
+
 async def scheduler(stack: Stack, backend: str) -> SchedulerState:
     """The scheduler's state (waiting for it to start, with the first job's ask)."""
     handle = stack.client.get_workflow_handle(scheduler_id(backend))
@@ -115,22 +138,27 @@ async def admission_order(
 async def test_the_most_urgent_job_is_admitted_next_and_knows_its_place(
     sched: Stack, backend: str
 ) -> None:
+    """A priority-10 job submitted behind 50 priority-0 jobs on 2 slots (2 running, 48
+    waiting) is admitted when the first slot frees; those behind it follow in the order
+    they arrived."""
     from shepherd.client import Shepherd
 
     stop, order = asyncio.Event(), []
     watcher = asyncio.ensure_future(admission_order(sched, backend, stop, order))
     # The first two hold their slots long enough to look at who waits behind them.
-    lows = [
-        await sched.start(job(sched, f"low{i}", backend, steps=30 if i < 2 else 5, priority=0))
-        for i in range(4)
-    ]
-    # Two hold the slots, two wait, in the order their asks arrived.
+    lows = [await sched.start(job(sched, f"low{i}", backend, steps=30)) for i in range(2)]
     async with asyncio.timeout(60):
+        while len((await scheduler(sched, backend)).holders) < 2:
+            await asyncio.sleep(0.05)
+    lows += await asyncio.gather(
+        *(sched.start(job(sched, f"low{i}", backend, steps=5)) for i in range(2, 50))
+    )
+    async with asyncio.timeout(90):
         while True:
             state = await scheduler(sched, backend)
-            if len(state.holders) == 2 and len(state.waiting) == 2:
+            if len(state.holders) == 2 and len(state.waiting) == 48:
                 break
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.1)
     arrived = [a.job for a in sorted(state.waiting, key=lambda a: a.arrival)]
     urgent = await sched.start(job(sched, "urgent", backend, steps=5, priority=10))
     # While it waits, it knows where it stands (status, from the scheduler) and why.
@@ -139,20 +167,36 @@ async def test_the_most_urgent_job_is_admitted_next_and_knows_its_place(
         while (waiting := await sh.get(urgent.id).status()).placement is None:
             await asyncio.sleep(0.1)
     assert waiting.phase is Phase.QUEUED and waiting.placement is not None
-    assert (waiting.placement.position, waiting.placement.length) == (1, 3)
+    assert (waiting.placement.position, waiting.placement.length) == (1, 49)
     assert "capacity" in waiting.placement.waits_for
+    # And when it should start: as the sooner of the two running jobs ends (30 steps each).
+    async with asyncio.timeout(30):
+        while (now := await sh.get(urgent.id).status()).phase is Phase.QUEUED:
+            if now.placement is not None and now.placement.starts_in_s is not None:
+                break
+            await asyncio.sleep(0.2)
+    assert now.placement is not None and now.placement.starts_in_s is not None, now
+    assert 0 <= now.placement.starts_in_s <= 60, now.placement
     behind = await sh.get(arrived[0]).status()
     assert behind.placement is not None and behind.placement.position == 2
     assert "1 job(s) ahead" in behind.placement.waits_for
-    for handle in [*lows, urgent]:
-        assert (await handle.result()).phase is Phase.COMPLETED
+    listed = {row.workflow_id: row for row in await sh.list(name="urgent")}
+    assert listed[urgent.id].placement is not None
+    assert listed[urgent.id].placement.position == 1  # `shepherd list` says so too
+    assert (await urgent.result()).phase is Phase.COMPLETED
+    # The first slot freed went to the urgent job; the next ones in the order they arrived.
+    async with asyncio.timeout(60):
+        while len(order) < 6:
+            await asyncio.sleep(0.1)
     stop.set()
     await watcher
-    # The first slot freed went to the urgent job; the rest in the order they arrived.
-    assert set(order[:2]) == {h.id for h in lows} - set(arrived), order
-    assert order[2:] == [urgent.id, *arrived], order
-    final = await scheduler(sched, backend)
-    assert final.holders == {} and final.waiting == [] and final.admitted_total == 5
+    assert set(order[:2]) == {h.id for h in lows[:2]}, order
+    assert order[2:6] == [urgent.id, *arrived[:3]], order
+    for handle in lows[2:]:  # the rest need not run: their places go back as they cancel
+        await handle.cancel()
+    async with asyncio.timeout(60):
+        while (final := await scheduler(sched, backend)).waiting or final.holders:
+            await asyncio.sleep(0.2)
 
 
 @pytest.mark.capacity(
@@ -248,19 +292,27 @@ async def test_every_ending_gives_the_slot_back(sched: Stack, backend: str) -> N
 async def test_a_quota_changed_while_jobs_wait_takes_effect_at_once(
     sched: Stack, backend: str
 ) -> None:
-    first = await sched.start(job(sched, "q1", backend, steps=300, queue="a"))
-    second = await sched.start(job(sched, "q2", backend, steps=5, queue="a"))
+    first = await sched.start(job(sched, "q1", backend, steps=3000, queue="a"))
     await sched.until(first, lambda s: s.phase is Phase.TRAINING, 60)
+    second = await sched.start(job(sched, "q2", backend, steps=5, queue="a"))
     waiting = await sched.until(second, lambda s: s.admission is not None, 30)
     assert waiting.phase is Phase.QUEUED
     handle = sched.client.get_workflow_handle(scheduler_id(backend))
     state = await handle.query("state", result_type=SchedulerState)
     assert [a.job for a in state.waiting] == [second.id]
-    await handle.execute_update(
-        "configure", QueueConfig(name="a", quota=2), result_type=SchedulerState
-    )
+    # As an operator does it: `shepherd queues`, validated before anything changes.
+    code, out = await cli(sched, "queues", "set", backend, "a", "--quota", "4")
+    assert code != 0 and "add up to 4, more than the backend's 3 slots" in out, out
+    code, out = await cli(sched, "queues", "remove", backend, "nope")
+    assert code != 0 and "'nope' is not declared" in out, out
+    code, out = await cli(sched, "queues", "set", backend, "a", "--quota", "2")
+    assert code == 0 and "a" in out, out
     assert (await second.result()).phase is Phase.COMPLETED  # while the first still trains
     assert (await sched.status(first)).phase in (Phase.TRAINING, Phase.CHECKPOINTING)
+    code, out = await cli(sched, "queues", "--json")
+    assert code == 0, out
+    mine = next(s for s in json.loads(out) if s["backend"] == backend)
+    assert mine["queues"]["a"]["quota"] == 2 and list(mine["holders"]) == [first.id]
     await first.cancel()
 
 
@@ -279,3 +331,50 @@ async def test_a_job_needing_what_no_backend_has_is_refused_at_submission(
     fits = await sh.submit(job(sched, "fits", backend, steps=5, required_capabilities=["h100"]))
     sched.handles.append(sched.client.get_workflow_handle(fits.id))
     assert (await fits.wait()).phase is Phase.COMPLETED
+
+
+@pytest.mark.capacity(slots=3)
+async def test_urgent_jobs_preempt_the_lowest_preemptible_loop_and_program_never_the_rest(
+    programs_env: Path, sched: Stack, backend: str
+) -> None:
+    """Three slots: a non-preemptible job (the lowest priority of all), a preemptible loop
+    and a preemptible program. Two urgent jobs arrive in turn: the first takes the loop's
+    slot (the lowest preemptible), the second the program's; the non-preemptible job is never
+    asked. Each victim pauses at a checkpoint, waits its turn and ends as if undisturbed:
+    the loop with a reference run's weights, the program with its per-step losses and one
+    program start."""
+    from tests.workflows.test_programs import per_step, printed, program_starts, sft_spec
+
+    ref = await sched.start(job(sched, "lref", "local", steps=40))
+    clean = await sched.start(sft_spec(sched, "pclean", steps=16))
+    steady = await sched.start(job(sched, "steady", backend, steps=120, priority=0))
+    loop = await sched.start(job(sched, "lvictim", backend, steps=40, priority=1, preemptible=True))
+    program = await sched.start(
+        sft_spec(
+            sched,
+            "pvictim",
+            steps=16,
+            backend=backend,
+            scheduling={"priority": 2, "preemptible": True},
+        )
+    )
+    for handle in (loop, program):  # preemptible once each has checkpointed
+        await sched.until(handle, lambda s: s.phase is Phase.TRAINING and bool(s.checkpoints), 90)
+    first = await sched.start(job(sched, "urgent1", backend, steps=5, priority=10))
+    await sched.until(loop, lambda s: s.priority_preemptions == 1, 60)
+    second = await sched.start(job(sched, "urgent2", backend, steps=5, priority=10))
+    done = {h.id: await h.result() for h in (first, second, loop, program, steady)}
+    assert all(s.phase is Phase.COMPLETED for s in done.values()), done
+    for victim, urgent in ((loop, first), (program, second)):
+        status = done[victim.id]
+        assert status.priority_preemptions == 1 and status.preemptions == 0
+        assert [r.reason for r in status.recoveries] == ["priority"]
+        assert urgent.id in status.recoveries[0].message
+    assert done[steady.id].priority_preemptions == 0 and not done[steady.id].recoveries
+    await ref.result()
+    await clean.result()
+    assert await model_digest(sched, "lvictim-model") == await model_digest(sched, "lref-model")
+    assert per_step(printed(programs_env, program)) == per_step(printed(programs_env, clean))
+    assert await program_starts(program) == 1
+    state = await scheduler(sched, backend)
+    assert state.preemptions == {"priority": 2} and state.holders == {}

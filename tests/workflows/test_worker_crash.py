@@ -25,7 +25,7 @@ from workers.devstack import wait_until
 
 @contextmanager
 def worker_process(
-    stack: Stack, task_queue: str, tmp: Path, name: str
+    stack: Stack, task_queue: str, tmp: Path, name: str, **extra_env: str
 ) -> Iterator[subprocess.Popen[bytes]]:
     ready = tmp / f"{name}.ready"
     env = {
@@ -35,6 +35,7 @@ def worker_process(
         "SHEPHERD_BACKEND_LOCAL_URL": stack.plane.url,
         "SHEPHERD_PLANE_API_KEY": stack.account.api_key,
         "SHEPHERD_LOG_FORMAT": "json",
+        **extra_env,
     }
     with open(tmp / f"{name}.log", "wb") as log:
         proc = subprocess.Popen(
