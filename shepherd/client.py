@@ -66,7 +66,6 @@ from shepherd.scheduling import (
     Placement,
     QueueConfig,
     SchedulerState,
-    placements,
     scheduler_id,
 )
 from shepherd.spec import (
@@ -471,14 +470,16 @@ class JobHandle:
         when it should start (:func:`starts_in`)."""
         handle = self._sh.client.get_workflow_handle(scheduler_id(status.backend))
         try:
+            said = await handle.query("where", self.id, rpc_timeout=STATUS_QUERY_TIMEOUT)
+            if said is None:
+                return None
+            place = Placement.model_validate(said)
+            # (The running jobs only: the whole line may be thousands.)
             state = await handle.query(
-                "state", result_type=SchedulerState, rpc_timeout=STATUS_QUERY_TIMEOUT
+                "summary", 0, result_type=SchedulerState, rpc_timeout=STATUS_QUERY_TIMEOUT
             )
         except (WorkflowQueryFailedError, RPCError):
             return None  # best effort: the job's own status says it waits
-        place = dict(placements(state)).get(self.id)
-        if place is None:
-            return None
         remaining: list[float | None] = []
         for job in list(state.holders)[:MAX_ESTIMATED_HOLDERS]:
             try:
@@ -980,7 +981,7 @@ class Shepherd:
         async def state(workflow_id: str) -> SchedulerState | None:
             try:
                 return await self.client.get_workflow_handle(workflow_id).query(
-                    "state", result_type=SchedulerState, rpc_timeout=SCHEDULER_QUERY_TIMEOUT
+                    "summary", result_type=SchedulerState, rpc_timeout=SCHEDULER_QUERY_TIMEOUT
                 )
             except (WorkflowQueryFailedError, RPCError):
                 return None  # closing, or no worker serves its backend: left out
@@ -993,7 +994,7 @@ class Shepherd:
         """One backend's scheduler state."""
         try:
             return await self.client.get_workflow_handle(scheduler_id(backend)).query(
-                "state", result_type=SchedulerState, rpc_timeout=SCHEDULER_QUERY_TIMEOUT
+                "summary", result_type=SchedulerState, rpc_timeout=SCHEDULER_QUERY_TIMEOUT
             )
         except RPCError as exc:
             if exc.status == RPCStatusCode.DEADLINE_EXCEEDED:
@@ -1064,11 +1065,24 @@ class Shepherd:
             if exc.status != RPCStatusCode.INVALID_ARGUMENT:
                 raise
             raise input_error("query", f"the job query failed: {exc.message}", "argument") from None
-        if any(row.phase == Phase.QUEUED.value for row in out):
-            # Where each job waiting for admission stands (from the backends' schedulers).
-            places = {job: p for state in await self.schedulers() for job, p in placements(state)}
-            for row in out:
-                row.placement = places.get(row.workflow_id)
+        if queued := [row for row in out if row.phase == Phase.QUEUED.value]:
+            # Where each job waiting for admission stands (its backend's scheduler says).
+            query = f'WorkflowType = "{SCHEDULER_TYPE}" AND ExecutionStatus = "Running"'
+            lines = [ex.id async for ex in self.client.list_workflows(query)]
+
+            async def where(row: JobSummary) -> None:
+                for line in lines:
+                    try:
+                        said = await self.client.get_workflow_handle(line).query(
+                            "where", row.workflow_id, rpc_timeout=SCHEDULER_QUERY_TIMEOUT
+                        )
+                    except (WorkflowQueryFailedError, RPCError):
+                        continue
+                    if said is not None:
+                        row.placement = Placement.model_validate(said)
+                        return
+
+            await asyncio.gather(*(where(row) for row in queued))
         return out
 
 

@@ -18,6 +18,7 @@ from shepherd import preflight
 from shepherd import search_attributes as sa
 from shepherd.models import JobInput, JobStatus
 from shepherd.phases import Phase
+from shepherd.scheduling import task_priority
 from shepherd.spec import (
     JobSpec,
     has_templates,
@@ -209,5 +210,7 @@ async def start_job(
         result_type=JobStatus,
         search_attributes=job_search_attributes(spec, *parent),
         static_summary=static_summary(spec),
+        # Its workflow tasks too (the first one waits behind every job submitted before it).
+        priority=task_priority(spec.scheduling.priority),
         static_details=f"spec:\n```\n{spec.model_dump_json(indent=2, exclude_defaults=True)}\n```",
     )

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from temporalio.common import Priority
 
 #: A job is preempted for another at most once in this long: a job that keeps being taken
 #: from would make no progress (each preemption costs it a checkpoint, a trainer's boot and
@@ -131,6 +132,18 @@ class SchedulerState(_Model):
     held_seconds: dict[str, float] = Field(default_factory=dict)
     waited_seconds: dict[str, float] = Field(default_factory=dict)
     admitted: dict[str, int] = Field(default_factory=dict)
+    #: A summary's (:func:`summarised`): how many wait in each queue, of whom ``waiting``
+    #: lists only the first. Empty in the state itself, whose ``waiting`` is everyone.
+    waiting_count: dict[str, int] = Field(default_factory=dict)
+
+    def waiting_in(self) -> dict[str, int]:
+        """How many jobs wait in each queue."""
+        if self.waiting_count:
+            return dict(self.waiting_count)
+        counts: dict[str, int] = {}
+        for a in self.waiting:
+            counts[a.queue] = counts.get(a.queue, 0) + 1
+        return counts
 
     def queue(self, name: str) -> QueueConfig:
         """``name``'s config. Where no queue is declared, every queue is entitled to the
@@ -171,6 +184,8 @@ def quota_problem(queues: dict[str, QueueConfig], capacity: Capacity) -> str | N
 
 
 def missing_capabilities(ask: Ask, capacity: Capacity) -> list[str]:
+    if not ask.capabilities:
+        return []  # (most jobs need none: no sets for each of thousands waiting, each decision)
     return sorted(set(ask.capabilities) - set(capacity.capabilities))
 
 
@@ -419,6 +434,19 @@ def placements(state: SchedulerState, *, first: int | None = None) -> list[tuple
     return out
 
 
+def summarised(state: SchedulerState, first: int) -> SchedulerState:
+    """``state`` with only the first ``first`` jobs waiting in each queue listed (and how
+    many wait in each counted): what an operator's view and the metrics read (the whole
+    line of 10,000 waiting jobs is 1.6 MB, too much to query every few seconds)."""
+    queued = lines(state)
+    return state.model_copy(
+        update={
+            "waiting": [a for line in queued.values() for a in line[: max(0, first)]],
+            "waiting_count": {q: len(line) for q, line in queued.items()},
+        }
+    )
+
+
 def details(state: SchedulerState, *, first: int = 10) -> str:
     """The scheduler's page in the Web UI (its current details, markdown): capacity, each
     queue's use, and the first jobs waiting in each with what they wait for."""
@@ -428,7 +456,7 @@ def details(state: SchedulerState, *, first: int = 10) -> str:
         f"{len(state.waiting)} waiting, {state.admitted_total} admitted"
     )
     rows = ["| queue | quota | in use | waiting |", "|---|---|---|---|"]
-    waiting = {name: len(line) for name, line in lines(state).items()}
+    waiting = state.waiting_in()
     for name in sorted({*state.queues, *used, *waiting}):
         q = state.queue(name)
         rows.append(f"| {name} | {q.quota} | {used.get(name, 0)} | {waiting.get(name, 0)} |")
@@ -437,6 +465,13 @@ def details(state: SchedulerState, *, first: int = 10) -> str:
         for job, p in placements(state, first=first)
     ]
     return "\n".join([head, "", *rows, "", *line])
+
+
+def task_priority(priority: int) -> Priority:
+    """Temporal's task priority for a job of ``scheduling.priority`` (10, the most urgent ..
+    0) -> priority key 1 .. 5 (lower runs first): which job's tasks a busy worker pool runs
+    first — its first workflow task behind a burst of new jobs included."""
+    return Priority(priority_key=5 - round(priority * 4 / 10))
 
 
 def scheduler_id(backend: str) -> str:

@@ -72,3 +72,37 @@ async def http(plane: PlaneProcess) -> AsyncIterator[httpx.AsyncClient]:
 @pytest.fixture
 def data_dir(plane: PlaneProcess) -> Path:
     return plane.data_dir
+
+
+#: The longest modules, longest first (minutes on this 2-core machine, 2026-11-28). ``make
+#: test`` hands whole modules to its pytest processes in collection order, so a long module
+#: collected last keeps one process busy alone at the end: these go first, the short rest
+#: fills in behind them (longest-first keeps the tail short).
+LONGEST_FIRST = (
+    "tests/workflows/test_programs.py",
+    "tests/workflows/test_cookbook_recipes.py",
+    "tests/workflows/test_await_points.py",
+    "tests/workflows/test_scheduling.py",
+    "tests/workflows/test_long_runs.py",
+    "tests/test_dev_stack.py",
+    "tests/workflows/test_worker_crash.py",
+    "tests/workflows/test_recovery.py",
+    "tests/workflows/test_cli.py",
+    "tests/workflows/test_examples_run.py",
+    "tests/workflows/test_determinism.py",
+    "tests/workflows/test_admission_ops.py",
+    "tests/workflows/test_controls.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = Path(str(config.rootpath))
+    if missing := [p for p in LONGEST_FIRST if not (root / p).is_file()]:
+        raise pytest.UsageError(f"tests/conftest.py LONGEST_FIRST names no such module: {missing}")
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+
+    def key(item: pytest.Item) -> int:
+        path = Path(str(item.path)).relative_to(root).as_posix()
+        return rank.get(path, len(rank))
+
+    items.sort(key=key)  # stable: each module's own order is kept

@@ -17,7 +17,6 @@ from datetime import datetime
 from typing import Any, NoReturn, TypeVar
 
 from temporalio import workflow
-from temporalio.common import Priority
 from temporalio.exceptions import (
     ActivityError,
     ApplicationError,
@@ -40,6 +39,7 @@ with workflow.unsafe.imports_passed_through():
         TrainerSession,
     )
     from shepherd.phases import Phase
+    from shepherd.scheduling import task_priority
     from shepherd.states import JobState
     from workflows import policies
     from workflows.flow import Lost, Terminal, required
@@ -126,8 +126,7 @@ class JobContext:
         self.queue = self.spec.scheduling.task_queue
         #: The job's side of its admission to a slot (workflows/slot.py).
         self.slot = flags.slot
-        # spec priority 10 (most urgent) .. 0 -> Temporal priority key 1 .. 5 (lower runs first)
-        self.priority = Priority(priority_key=5 - round(self.spec.scheduling.priority * 4 / 10))
+        self.priority = task_priority(self.spec.scheduling.priority)
 
     # ------------------------------------------------------------------ the trainer
 

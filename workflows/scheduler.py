@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from temporalio import workflow
 from temporalio.exceptions import FailureError
@@ -49,11 +49,16 @@ with workflow.unsafe.imports_passed_through():
         plan,
         position,
         quota_problem,
+        summarised,
         waits_for,
     )
     from shepherd.spec import QUEUE_NAME
     from workflows import policies
 
+#: How often the Web UI's page of the scheduler is rewritten, at most.
+DETAILS_EVERY = timedelta(seconds=2)
+#: Waiting jobs listed per queue in a summary (the ``summary`` query: operators, metrics).
+SUMMARY_FIRST = 20
 #: The scheduler continues-as-new at this many history events (about 400 admissions).
 MAX_HISTORY = 4000
 
@@ -65,6 +70,10 @@ class SchedulerWorkflow:
         self.s: SchedulerState = inp.unpacked()
         #: Something changed since the last decision.
         self.dirty = True
+        #: When the Web UI's page was last written (it is rewritten at most every DETAILS_EVERY).
+        self.details_at: datetime | None = None
+        #: The jobs in the line (``s.waiting``'s, and perhaps some that left it since).
+        self.asked: set[str] = {a.job for a in self.s.waiting}
 
     @workflow.run
     async def run(self, inp: SchedulerInput) -> None:
@@ -85,8 +94,12 @@ class SchedulerWorkflow:
             if self.dirty:
                 self.dirty = False
                 await self._decide()
-                # Its page in the Web UI: who holds, who waits where, and for what.
-                workflow.set_current_details(details(self.s))
+                # Its page in the Web UI: who holds, who waits where, and for what. (Sorting
+                # the whole line each decision would cost more than deciding, with thousands.)
+                now = workflow.now()
+                if self.details_at is None or now - self.details_at >= DETAILS_EVERY:
+                    self.details_at = now
+                    workflow.set_current_details(details(self.s))
 
     def _check_every(self) -> timedelta:
         """How often to ask which jobs closed without a word (``holder_check_s``)."""
@@ -154,7 +167,9 @@ class SchedulerWorkflow:
         if held is not None:
             seconds = (workflow.now() - held.granted_at).total_seconds()
             self.s.held_seconds[held.queue] = self.s.held_seconds.get(held.queue, 0.0) + seconds
-        self.s.waiting = [a for a in self.s.waiting if a.job != job]
+        if job in self.asked:
+            self.s.waiting = [a for a in self.s.waiting if a.job != job]
+            self.asked.discard(job)
         self.s.reserved.pop(job, None)
         made_way = self.s.yielding.pop(job, None)
         if (
@@ -190,10 +205,14 @@ class SchedulerWorkflow:
             return  # already admitted for it (a retried ask): the grant was sent
         if held is not None:
             self._drop(ask.job)  # an older request it holds a slot for: given back
-        waiting = next((a for a in self.s.waiting if a.job == ask.job), None)
-        if waiting is not None and waiting.seq >= ask.seq:
-            return
-        self.s.waiting = [a for a in self.s.waiting if a.job != ask.job]
+        # (Most asks are new: the line is only scanned for the job when it is in it. A scan
+        # per ask made a burst of 10,000 asks quadratic.)
+        if ask.job in self.asked:
+            waiting = next((a for a in self.s.waiting if a.job == ask.job), None)
+            if waiting is not None and waiting.seq >= ask.seq:
+                return
+            self.s.waiting = [a for a in self.s.waiting if a.job != ask.job]
+        self.asked.add(ask.job)
         if not ask.arrival:  # a job requeued after a preemption keeps its place
             ask.arrival = self.s.next_arrival
             self.s.next_arrival += 1
@@ -221,7 +240,7 @@ class SchedulerWorkflow:
     async def configure(self, queue: QueueConfig) -> SchedulerState:
         self.s.queues[queue.name] = queue
         self.dirty = True
-        return self.s
+        return summarised(self.s, SUMMARY_FIRST)
 
     @configure.validator
     def _check_queue(self, queue: QueueConfig) -> None:
@@ -235,7 +254,7 @@ class SchedulerWorkflow:
     async def remove_queue(self, name: str) -> SchedulerState:
         self.s.queues.pop(name, None)
         self.dirty = True
-        return self.s
+        return summarised(self.s, SUMMARY_FIRST)
 
     @remove_queue.validator
     def _check_removal(self, name: str) -> None:
@@ -247,7 +266,7 @@ class SchedulerWorkflow:
     async def set_capacity(self, capacity: Capacity) -> SchedulerState:
         self.s.capacity = capacity
         self.dirty = True
-        return self.s
+        return summarised(self.s, SUMMARY_FIRST)
 
     @set_capacity.validator
     def _check_capacity(self, capacity: Capacity) -> None:
@@ -257,6 +276,11 @@ class SchedulerWorkflow:
     @workflow.query(name="state")
     def state(self) -> SchedulerState:
         return self.s
+
+    @workflow.query(name="summary")
+    def summary(self, first: int = SUMMARY_FIRST) -> SchedulerState:
+        """The state with only the first ``first`` jobs of each queue's line listed."""
+        return summarised(self.s, first)
 
     @workflow.query(name="where")
     def where(self, job: str) -> Placement | None:

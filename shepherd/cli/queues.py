@@ -47,6 +47,7 @@ def show(ctx: typer.Context, as_json: JsonOption = False) -> None:
 
 def _show(state: SchedulerState) -> None:
     used = state.usage()
+    counts = state.waiting_in()
     held = len(state.holders)
     caps = (
         f", capabilities {', '.join(state.capacity.capabilities)}"
@@ -55,15 +56,15 @@ def _show(state: SchedulerState) -> None:
     )
     console.print(
         f"[bold]{state.backend}[/bold]: {held} of {state.capacity.slots} slots held{caps}; "
-        f"{len(state.waiting)} waiting; {state.admitted_total} admitted; preemptions "
+        f"{sum(counts.values())} waiting; {state.admitted_total} admitted; preemptions "
         + (", ".join(f"{k} {v}" for k, v in sorted(state.preemptions.items())) or "none")
     )
-    names = sorted({*state.queues, *used, *(a.queue for a in state.waiting)})
+    names = sorted({*state.queues, *used, *counts})
     table = Table("queue", "quota", "borrow limit", "weight", "in use", "borrowed", "waiting")
     for name in names:
         q = state.queue(name)
         use = used.get(name, 0)
-        waiting = sum(1 for a in state.waiting if a.queue == name)
+        waiting = counts.get(name, 0)
         declared = "" if name in state.queues else " (undeclared)"
         table.add_row(
             name + declared,

@@ -230,3 +230,26 @@ def test_a_profile_declares_capacity_and_queues_and_is_refused_naming_the_variab
         assert key in str(err.value)
     with pytest.raises(BackendConfigError, match="declare SHEPHERD_BACKEND_LOCAL_SLOTS"):
         profiles_from_env({"SHEPHERD_BACKEND_LOCAL_QUEUES": '{"a": {"quota": 1}}'})
+
+
+def test_a_summary_lists_the_head_of_each_line_and_counts_the_rest() -> None:
+    from shepherd.scheduling import Ask, Capacity, SchedulerState, lines, summarised
+
+    state = SchedulerState(backend="b", capacity=Capacity(slots=2))
+    state.waiting = [
+        Ask(job=f"j{i}", seq=1, queue="ab"[i % 2], priority=i % 3, preemptible=False, arrival=i)
+        for i in range(1, 31)
+    ]
+    short = summarised(state, 5)
+    assert short.waiting_in() == state.waiting_in() == {"a": 15, "b": 15}
+    for queue, line in lines(state).items():
+        assert [a.job for a in short.waiting if a.queue == queue] == [a.job for a in line[:5]]
+    assert summarised(state, 0).waiting == [] and summarised(state, 0).waiting_count["a"] == 15
+
+
+def test_the_most_urgent_jobs_tasks_run_first_on_a_busy_worker_pool() -> None:
+    from shepherd.scheduling import task_priority
+
+    keys = [task_priority(p).priority_key for p in range(11)]
+    assert keys[10] == 1 and keys[0] == 5 and keys[5] == 3  # 3: Temporal's default
+    assert keys == sorted(keys, reverse=True)
