@@ -5,11 +5,12 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed
 PYTEST_ARGS ?=
-# Two pytest processes, each with its own Temporal dev server and localplane: the suite waits
+# Three pytest processes, each with its own Temporal dev server and localplane: the suite waits
 # on timers and trainers more than it computes (serially it kept 0.76 of the 2 cores busy and
-# took 19 min when two took 11; two take ~18 now). A module's tests stay on one process (its
-# fixtures are shared).
-TEST_WORKERS ?= 2
+# took 19 min when two took 11; on 2026-11-28 two took 21:50 and kept 1.6 cores busy, so a
+# third fills what is left). A module's tests stay on one process (its fixtures are shared);
+# the longest modules are handed out first (tests/conftest.py).
+TEST_WORKERS ?= 3
 
 .PHONY: help bootstrap browser test lint demo dev bench bench-scale clean
 

@@ -18,7 +18,13 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
 
 from shepherd.models import AskForSlotInput, SlotNoteInput
-from shepherd.scheduling import Capacity, SchedulerInput, SchedulerState, scheduler_id
+from shepherd.scheduling import (
+    SCHEDULER_TYPE,
+    Capacity,
+    SchedulerInput,
+    SchedulerState,
+    scheduler_id,
+)
 
 #: Job ids asked about in one visibility query.
 _BATCH = 100
@@ -48,11 +54,9 @@ class SchedulingActivities:
 
     @activity.defn(name="ask_for_slot")
     async def ask_for_slot(self, inp: AskForSlotInput) -> None:
-        from workflows.scheduler import SchedulerWorkflow
-
         profile = self.clients.profiles.get(inp.backend)
         await activity.client().start_workflow(
-            SchedulerWorkflow.run,
+            SCHEDULER_TYPE,  # (by name: the workflow's module imports these activities)
             SchedulerInput(state=seed(profile, inp.backend)),
             id=scheduler_id(inp.backend),
             task_queue=activity.info().task_queue,

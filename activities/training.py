@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -113,6 +113,24 @@ async def checkpoint_step(client: PlatformClient, checkpoint: str) -> int:
     raise ApplicationError(
         f"checkpoint {checkpoint} does not exist", type=policies.NOT_FOUND, non_retryable=True
     )
+
+
+T = TypeVar("T")
+
+
+async def despite_cancels(task: asyncio.Future[T], timeout: float) -> T:
+    """``task``'s result within ``timeout`` seconds (else TimeoutError), however many times
+    the caller is cancelled meanwhile: an activity may be told to stop more than once (its
+    cancel request, then a heartbeat that fails because of it)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        left = deadline - asyncio.get_running_loop().time()
+        try:
+            return await asyncio.wait_for(asyncio.shield(task), max(0.0, left))
+        except asyncio.CancelledError:
+            if task.done():
+                return task.result()
+            continue
 
 
 class TrainingActivities:
@@ -248,11 +266,19 @@ class TrainingActivities:
                         done(step, await asyncio.shield(task))
                     except asyncio.CancelledError:
                         # Asked to stop (a pause, a cancel, the trainer died): finish the
-                        # step in flight so the model is at a step boundary, then report.
+                        # step in flight so the model is at a step boundary, then report —
+                        # whatever other cancel comes meanwhile: the trainer took the step's
+                        # seq_ids, and a report of none would have the pause's save reuse
+                        # one (FAILED_PRECONDITION: the job failed instead of pausing).
                         with contextlib.suppress(Exception):
-                            done(step, await asyncio.wait_for(task, inp.step_timeout_s))
+                            done(step, await despite_cancels(task, inp.step_timeout_s))
                         if progress["step"] < step:
-                            await self._abandon(tc, progress, step, optim_steps)
+                            await despite_cancels(
+                                asyncio.ensure_future(
+                                    self._abandon(tc, progress, step, optim_steps)
+                                ),
+                                inp.step_timeout_s,
+                            )
                         tc.cancel_pending()
                         return self._result(progress, losses, races, partial=True)
         except RouteNotFound:

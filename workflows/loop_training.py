@@ -43,6 +43,10 @@ with workflow.unsafe.imports_passed_through():
 class LoopTraining:
     """TRAINING for a job that names a loop (``training.loop``)."""
 
+    def __init__(self) -> None:
+        #: The last chunk ended without saying where the model is (see ``_run_chunk``).
+        self.position_unknown = False
+
     # ------------------------------------------------------------------ the interface
 
     async def prepare(self, ctx: JobContext) -> None:
@@ -70,6 +74,7 @@ class LoopTraining:
         )
         ctx.s.route_races += opened.route_races
         ctx.session = opened.session
+        self.position_unknown = False
         ctx.serving = True
         ctx.s.step = opened.step
         ctx.to_load = None
@@ -100,7 +105,7 @@ class LoopTraining:
             await ctx.maybe_continue_as_new()
 
     async def checkpoint_for_pause(self, ctx: JobContext) -> CheckpointRecord | None:
-        if not (ctx.trainer_live and ctx.serving):
+        if not (ctx.trainer_live and ctx.serving) or self.position_unknown:
             return None
         try:
             return await self.checkpoint(ctx, f"pause-{ctx.pauses}", evaluate=False)
@@ -193,6 +198,11 @@ class LoopTraining:
             ctx.stop_if_cancelled()
             # A cancel we asked for (the activity was between attempts, so no partial result).
             if is_cancelled_exception(err) and ctx.pause_requested:
+                # An attempt that timed out may still have reached the trainer (its worker
+                # was too busy to heartbeat): how far the model got, and which seq_ids it
+                # took, is unknown. The pause keeps no checkpoint of it (its save could reuse
+                # a seq_id, or hold steps the job never counted): it resumes from the last.
+                self.position_unknown = True
                 raise PauseNow() from None
             if is_cancelled_exception(err) and died():
                 # Cancelled between attempts: the last attempt's heartbeat (carried by the

@@ -19,7 +19,7 @@ from shepherd.jobs import start_job
 from shepherd.phases import Phase
 from shepherd.scheduling import SchedulerState, scheduler_id
 from tests.workflows.conftest import Stack
-from tests.workflows.test_recovery import SLOW
+from tests.workflows.test_scheduling import job
 from tests.workflows.test_worker_crash import worker_process
 from workers.devstack import free_port
 
@@ -39,15 +39,8 @@ def env_for(backend: str, stack: Stack, slots: int, **more: str) -> dict[str, st
 
 
 def spec(stack: Stack, name: str, backend: str, steps: int) -> Any:
-    return stack.spec(
-        name,
-        backend=backend,
-        trainer=SLOW,
-        training={"total_steps": steps},
-        checkpoint={"every_steps": 5, "keep_last": 2},
-        # A killed worker's activities are retried elsewhere within seconds.
-        policies={"heartbeat_timeout": "3s"},
-    )
+    # A killed worker's activities are retried elsewhere within seconds.
+    return job(stack, name, backend, steps, policies={"heartbeat_timeout": "3s"})
 
 
 async def state_of(stack: Stack, backend: str) -> SchedulerState | None:

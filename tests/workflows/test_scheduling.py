@@ -76,7 +76,14 @@ async def sched(
         yield st
 
 
-def job(stack: Stack, name: str, backend: str, steps: int = 30, **scheduling: Any) -> Any:
+def job(
+    stack: Stack,
+    name: str,
+    backend: str,
+    steps: int = 30,
+    policies: dict[str, Any] | None = None,
+    **scheduling: Any,
+) -> Any:
     return stack.spec(
         name,
         backend=backend,
@@ -84,6 +91,7 @@ def job(stack: Stack, name: str, backend: str, steps: int = 30, **scheduling: An
         training={"total_steps": steps},
         checkpoint={"every_steps": 5, "keep_last": 2},
         scheduling=scheduling,
+        policies=policies or {},
     )
 
 
