@@ -19,6 +19,7 @@ import io
 import json
 import os
 import re
+import signal
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -701,6 +702,10 @@ async def show(workflow_id: str, *, follow: bool, tail: int | None, as_json: boo
                     pending.extend(lifecycle.lines(event))
 
         reader = asyncio.ensure_future(read_history())
+        # Ctrl-C ends a follower at once: what it printed is flushed, and there is nothing
+        # else to save. (Cancelling it and unwinding sometimes waited well over 20 s on a
+        # busy machine, in asyncio's shutdown; the cause was not found.)
+        asyncio.get_running_loop().add_signal_handler(signal.SIGINT, _interrupted)
         try:
             while True:
                 await asyncio.wait({reader}, timeout=LOG_POLL_INTERVAL_S)
@@ -716,6 +721,12 @@ async def show(workflow_id: str, *, follow: bool, tail: int | None, as_json: boo
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader
+
+
+def _interrupted() -> None:
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    os._exit(130)
 
 
 def register(app: typer.Typer) -> None:
