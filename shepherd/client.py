@@ -480,16 +480,19 @@ class JobHandle:
             )
         except (WorkflowQueryFailedError, RPCError):
             return None  # best effort: the job's own status says it waits
-        remaining: list[float | None] = []
-        for job in list(state.holders)[:MAX_ESTIMATED_HOLDERS]:
+
+        async def remaining(job: str) -> float | None:
             try:
                 held = await self._sh.client.get_workflow_handle(job).query(
                     "status", result_type=JobStatus, rpc_timeout=STATUS_QUERY_TIMEOUT
                 )
             except (WorkflowQueryFailedError, RPCError):
-                held = None
-            remaining.append(held.remaining_s() if held is not None else None)
-        place.starts_in_s = starts_in(remaining, ahead=place.position - 1)
+                return None
+            return held.remaining_s()
+
+        holders = list(state.holders)[:MAX_ESTIMATED_HOLDERS]
+        left = list(await asyncio.gather(*(remaining(job) for job in holders)))
+        place.starts_in_s = starts_in(left, ahead=place.position - 1)
         return place
 
     async def _after_the_end(self, status: JobStatus, closed_at: datetime | None) -> None:
@@ -975,8 +978,7 @@ class Shepherd:
         """The state of every backend's scheduler (the backends that admit jobs) that a
         worker answers for. All are asked at once: a scheduler no worker serves any more (a
         backend taken out of the workers' profiles) costs one query timeout, not one each."""
-        query = f'WorkflowType = "{SCHEDULER_TYPE}" AND ExecutionStatus = "Running"'
-        ids = [ex.id async for ex in self.client.list_workflows(query)]
+        ids = await self._scheduler_ids()
 
         async def state(workflow_id: str) -> SchedulerState | None:
             try:
@@ -988,6 +990,11 @@ class Shepherd:
 
         states = [s for s in await asyncio.gather(*(state(i) for i in ids)) if s is not None]
         return sorted(states, key=lambda s: s.backend)
+
+    async def _scheduler_ids(self) -> list[str]:
+        """The workflow ids of the backends' running schedulers."""
+        query = f'WorkflowType = "{SCHEDULER_TYPE}" AND ExecutionStatus = "Running"'
+        return [ex.id async for ex in self.client.list_workflows(query)]
 
     @_translated
     async def scheduler(self, backend: str) -> SchedulerState:
@@ -1067,8 +1074,7 @@ class Shepherd:
             raise input_error("query", f"the job query failed: {exc.message}", "argument") from None
         if queued := [row for row in out if row.phase == Phase.QUEUED.value]:
             # Where each job waiting for admission stands (its backend's scheduler says).
-            query = f'WorkflowType = "{SCHEDULER_TYPE}" AND ExecutionStatus = "Running"'
-            lines = [ex.id async for ex in self.client.list_workflows(query)]
+            lines = await self._scheduler_ids()
 
             async def where(row: JobSummary) -> None:
                 for line in lines:

@@ -239,7 +239,7 @@ def _heads(state: SchedulerState, waiting: list[Ask]) -> list[Ask]:
         if missing_capabilities(a, state.capacity):
             continue
         best = heads.get(a.queue)
-        if best is None or (-a.priority, a.arrival) < (-best.priority, best.arrival):
+        if best is None or _in_line(a) < _in_line(best):
             heads[a.queue] = a
     return list(heads.values())
 
@@ -287,33 +287,44 @@ def _preemptions(
     return yields
 
 
+def _in_line(a: Ask) -> tuple[int, int]:
+    """A request's place within its queue: the highest priority first, then arrival."""
+    return (-a.priority, a.arrival)
+
+
 def lines(state: SchedulerState) -> dict[str, list[Ask]]:
     """Each queue's waiting jobs in their order of admission (priority, then arrival)."""
     out: dict[str, list[Ask]] = {}
     for ask in state.waiting:
         out.setdefault(ask.queue, []).append(ask)
     for line in out.values():
-        line.sort(key=lambda a: (-a.priority, a.arrival))
+        line.sort(key=_in_line)
     return out
 
 
-def position(state: SchedulerState, job: str) -> tuple[int, int] | None:
-    """A waiting job's place in its queue (1-based) and the queue's length (None: it does
-    not wait)."""
+def placement(state: SchedulerState, job: str) -> Placement | None:
+    """Where a waiting job stands: its place in its queue's line (1-based), the line's
+    length and what it waits for (None: it does not wait). Only its own queue is sorted."""
     mine = next((a for a in state.waiting if a.job == job), None)
     if mine is None:
         return None
-    line = lines(state)[mine.queue]
-    return line.index(mine) + 1, len(line)
+    line = sorted((a for a in state.waiting if a.queue == mine.queue), key=_in_line)
+    place = line.index(mine) + 1
+    return Placement(
+        queue=mine.queue, position=place, length=len(line), waits_for=_waits_for(state, mine, place)
+    )
+
+
+def position(state: SchedulerState, job: str) -> tuple[int, int] | None:
+    """A waiting job's place in its queue and the queue's length (None: it does not wait)."""
+    p = placement(state, job)
+    return None if p is None else (p.position, p.length)
 
 
 def waits_for(state: SchedulerState, job: str) -> str | None:
     """What a waiting job waits for, in words (None: it does not wait)."""
-    place = position(state, job)
-    if place is None:
-        return None
-    ask = next(a for a in state.waiting if a.job == job)
-    return _waits_for(state, ask, place[0])
+    p = placement(state, job)
+    return None if p is None else p.waits_for
 
 
 def _waits_for(state: SchedulerState, ask: Ask, place: int) -> str:
@@ -451,12 +462,12 @@ def details(state: SchedulerState, *, first: int = 10) -> str:
     """The scheduler's page in the Web UI (its current details, markdown): capacity, each
     queue's use, and the first jobs waiting in each with what they wait for."""
     used = state.usage()
+    waiting = state.waiting_in()
     head = (
         f"**{state.backend}**: {len(state.holders)} of {state.capacity.slots} slots held, "
-        f"{len(state.waiting)} waiting, {state.admitted_total} admitted"
+        f"{sum(waiting.values())} waiting, {state.admitted_total} admitted"
     )
     rows = ["| queue | quota | in use | waiting |", "|---|---|---|---|"]
-    waiting = state.waiting_in()
     for name in sorted({*state.queues, *used, *waiting}):
         q = state.queue(name)
         rows.append(f"| {name} | {q.quota} | {used.get(name, 0)} | {waiting.get(name, 0)} |")

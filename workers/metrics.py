@@ -10,8 +10,8 @@ Two, each switched on by its address in the worker's environment:
   worker reports the same figures (they are the scheduler's): aggregate with ``max``.
 * ``SHEPHERD_TEMPORAL_METRICS=host:port`` — the Temporal SDK's own (workflow and activity
   task latencies, slots, polls; ``temporalio.runtime.PrometheusConfig``), and what the job
-  workflows measure as they go, through the SDK's metric meter (workflows/context.py
-  ``JobContext.measure``): recoveries and preemptions by cause (``shepherd_recoveries``),
+  workflows measure as they go, through the SDK's metric meter (workflows/measures.py):
+  recoveries by reason, the scheduler's preemptions included (``shepherd_recoveries_total``),
   readiness lag (RUNNING to the first training call: ``shepherd_readiness_lag_seconds``),
   and the time each job waited for admission (``shepherd_admission_wait_seconds``).
 """

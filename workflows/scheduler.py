@@ -46,11 +46,10 @@ with workflow.unsafe.imports_passed_through():
         SchedulerState,
         SlotGrant,
         details,
+        placement,
         plan,
-        position,
         quota_problem,
         summarised,
-        waits_for,
     )
     from shepherd.spec import QUEUE_NAME
     from workflows import policies
@@ -284,16 +283,7 @@ class SchedulerWorkflow:
 
     @workflow.query(name="where")
     def where(self, job: str) -> Placement | None:
-        place = position(self.s, job)
-        if place is None:
-            return None
-        ask = next(a for a in self.s.waiting if a.job == job)
-        return Placement(
-            queue=ask.queue,
-            position=place[0],
-            length=place[1],
-            waits_for=waits_for(self.s, job) or "",
-        )
+        return placement(self.s, job)
 
 
 def queue_problem(queue: QueueConfig) -> str | None:
