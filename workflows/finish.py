@@ -30,8 +30,7 @@ async def evaluate(ctx: JobContext, work: TrainerWork) -> None:
     the checkpoint is all promotion needs."""
     ctx.set_phase(Phase.EVALUATING)
     await work.finish(ctx)
-    await trainer.delete(ctx)
-    await slot.give_back(ctx)
+    await slot.give_back_with(ctx, trainer.delete(ctx))
 
 
 async def promote(ctx: JobContext) -> None:
@@ -126,8 +125,7 @@ async def finish(ctx: JobContext, work: TrainerWork, phase: Phase, error: ErrorI
     ctx.s.error = error
     try:
         await work.stop(ctx)  # before its trainer goes (it would only meet errors)
-        await trainer.delete(ctx)
-        await slot.give_back(ctx)
+        await slot.give_back_with(ctx, trainer.delete(ctx))
         if phase is Phase.CANCELLED and ctx.promotion is not None:
             await ctx.act(
                 PromotionActivities.retract_model,

@@ -16,6 +16,10 @@ Deterministic code only.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Coroutine
+from typing import Any
+
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
@@ -31,7 +35,7 @@ with workflow.unsafe.imports_passed_through():
         SlotGrant,
         scheduler_id,
     )
-    from workflows import measures, policies
+    from workflows import measures, policies, versions
     from workflows.context import JobContext
     from workflows.flow import PauseNow
 
@@ -121,6 +125,26 @@ async def give_back(ctx: JobContext, *, requeue: bool = False) -> None:
     )
     slot.asked = slot.held = False
     ctx.s.admission = None
+
+
+async def give_back_with(ctx: JobContext, trainer_gone: Coroutine[Any, Any, None]) -> None:
+    """A finishing job's trainer delete and its slot's return, sent together: the next job's
+    admission (the scheduler's grant, that job's create) overlaps the delete instead of
+    following it. The platform may see the next create a moment before the delete; it
+    queues it for that moment (at most one per slot freed). Either failing still lets the
+    other be done; the first failure is raised."""
+    slot = ctx.slot
+    if not slot.enabled or not (slot.asked or slot.held):
+        await trainer_gone
+        return
+    if not workflow.patched(versions.SLOT_BACK_WITH_THE_TRAINER):
+        await trainer_gone
+        await give_back(ctx)
+        return
+    outcomes = await asyncio.gather(trainer_gone, give_back(ctx), return_exceptions=True)
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
 
 
 async def note_checkpoint(ctx: JobContext) -> None:

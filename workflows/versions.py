@@ -24,12 +24,21 @@ REPLAY_SAFE = "replay-safe-lifecycle"
 #: it kept the first of equals, and pruned differently.
 TIES_GO_TO_THE_LATER = "ties-go-to-the-later"
 
+#: A finishing job gives its slot back as its trainer's delete is sent, not after it: the next
+#: job's admission overlaps the delete. Jobs before it released after.
+SLOT_BACK_WITH_THE_TRAINER = "slot-back-with-the-trainer"
+
 #: Patches since the baseline, oldest first: (id, what changed, when it may be deprecated).
 PATCHES: tuple[tuple[str, str, str], ...] = (
     (
         TIES_GO_TO_THE_LATER,
         "a checkpoint that ties the best by checkpoint.metric becomes the best",
         # Released 2026-11-28, plus the longest job lifetime (30 days).
+        "2026-12-28",
+    ),
+    (
+        SLOT_BACK_WITH_THE_TRAINER,
+        "a finishing job's delete and slot release are sent together",
         "2026-12-28",
     ),
 )
