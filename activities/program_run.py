@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import errno
 import json
 import os
 import signal
@@ -75,11 +76,66 @@ def read_exit(directory: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and data.get("code") == 0 else None
 
 
-def _write_exit(directory: Path, data: dict[str, Any]) -> None:
+def _write_exit(directory: Path, data: dict[str, Any]) -> str | None:
+    """Record the program's exit 0 (None), or say why it could not be (a full disk, say):
+    the program's work is done either way, and the run goes on to its end."""
     path = directory / programs.EXIT_FILE
     staging = path.with_suffix(".tmp")
-    staging.write_text(json.dumps(data))
-    staging.replace(path)  # atomic: a reader sees the old record or the new one
+    try:
+        staging.write_text(json.dumps(data))
+        staging.replace(path)  # atomic: a reader sees the old record or the new one
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            staging.unlink(missing_ok=True)
+        return (
+            f"the program's exit could not be recorded in {path} ({_why(exc)}); "
+            "its end is known to its workflow only"
+        )
+    return None
+
+
+def _why(exc: OSError) -> str:
+    """An OSError's cause in words, with its errno's name ("No space left on device (ENOSPC)")."""
+    name = errno.errorcode.get(exc.errno or 0)
+    said = exc.strerror or str(exc)
+    return f"{said} ({name})" if name else said
+
+
+class OutputLog:
+    """The program's output file (``programs.OUTPUT_FILE``: stamped lines, what ``shepherd
+    logs`` shows). A write that fails (a full disk) is said once — in the worker's log and in
+    the job's status — and the lines after it are dropped: the program must never block on
+    a pipe nobody drains, nor its run fail for its log."""
+
+    def __init__(self, path: Path, logger: Any) -> None:
+        self.path = path
+        self._log = logger
+        self._sink: Any = None
+        #: Why the file could not be written (None: it could).
+        self.failed: str | None = None
+
+    def write(self, stream: str, text: str) -> None:
+        if self.failed is not None:
+            return
+        stamp = datetime.now(UTC).isoformat(timespec="milliseconds")
+        try:
+            if self._sink is None:
+                self._sink = self.path.open("a", encoding="utf-8")
+            self._sink.write(json.dumps({"t": stamp, "stream": stream, "line": text}) + "\n")
+            self._sink.flush()
+        except OSError as exc:
+            self.failed = (
+                f"the program's output could not be written to {self.path} ({_why(exc)}); "
+                "its later lines are not kept"
+            )
+            self._log.warning("program.output_unwritable", path=str(self.path), error=_why(exc))
+            self.close()
+
+    def close(self) -> None:
+        sink, self._sink = self._sink, None
+        if sink is not None:
+            with contextlib.suppress(OSError):
+                sink.close()
 
 
 def _die_with_worker() -> None:
@@ -162,6 +218,11 @@ class ProgramRun:
         self.dirty = False
         #: The workflow is closed for good (a signal found no run): nobody is told anything.
         self.unheard = False
+        #: What the worker could not do for the program (a full disk), for the job's status.
+        self.problems: list[str] = []
+        self._told: set[str] = set()
+        #: The program exited 0 (told to the workflow with the last report).
+        self.exited = False
 
     # ------------------------------------------------------------------ life
 
@@ -252,7 +313,7 @@ class ProgramRun:
         )
         self.beat["program_pid"] = proc.pid
         tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL)
-        output = self.directory / programs.OUTPUT_FILE
+        output = OutputLog(self.directory / programs.OUTPUT_FILE, self.log)
         pumps = [
             asyncio.ensure_future(_pump(proc.stdout, "stdout", output, None)),
             asyncio.ensure_future(_pump(proc.stderr, "stderr", output, tail)),
@@ -265,6 +326,7 @@ class ProgramRun:
                     self._read_metrics()
                     self.beat.update(step=self.step, loss=self.last_loss)
                     warned = _warn_if_idle(self.proxy, output, self.log, warned)
+                    self._problem(output.failed)
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(1.0):
                             await proc.wait()
@@ -275,20 +337,28 @@ class ProgramRun:
                 if proc.returncode is None:  # an error above: never leave it running
                     await _stop(proc, policies.PROGRAM_STOP_GRACE.total_seconds())
                 await asyncio.gather(*pumps, return_exceptions=True)
+                output.close()
             code = proc.returncode
             self.log.info("program.exited", code=code)
+            self._problem(output.failed)
             if code != 0:
                 # The job's status shows what the program got done before it failed.
                 await self._last_report(reporter)
                 said = "\n".join(tail) or "(nothing on stderr)"
+                # (The tail is kept in memory: a log file that could not be written does
+                # not cut it short; that it could not is said first.)
+                also = f" ({output.failed})" if output.failed else ""
                 raise ApplicationError(
-                    f"program {self.name!r} exited with status {code}; its stderr ends:\n{said}"[
-                        -4000:
-                    ],
+                    _clip(
+                        f"program {self.name!r} exited with status {code}{also}; "
+                        f"its stderr ends:\n{said}"
+                    ),
                     type=policies.PROGRAM_FAILED,
                     non_retryable=True,
                 )
-            _write_exit(self.directory, {"code": 0, "step": self.step})
+            self.exited = True
+            unrecorded = _write_exit(self.directory, {"code": 0, "step": self.step})
+            self._problem(unrecorded)
             # The weights the program ended with, as a Shepherd checkpoint: what promotion
             # takes (the last checkpoint taken on the way may be steps behind).
             try:
@@ -304,20 +374,31 @@ class ProgramRun:
             if final is not None:
                 self.checkpoints.append(final)
                 self.dirty = True
-            _write_exit(
-                self.directory,
-                {
-                    "code": 0,
-                    "step": self.step,
-                    "checkpoint": final.model_dump(mode="json") if final else None,
-                },
-            )
+            if unrecorded is None:  # (else said once: this one would fail as that did)
+                self._problem(
+                    _write_exit(
+                        self.directory,
+                        {
+                            "code": 0,
+                            "step": self.step,
+                            "checkpoint": final.model_dump(mode="json") if final else None,
+                        },
+                    )
+                )
+            self.dirty = True  # the workflow hears that the program exited 0
             await self._last_report(reporter)
             return ProgramResult(exit_code=code, step=self.step)
         finally:
             if not reporter.done():  # an error path: the reporter ends with the run
                 reporter.cancel()
                 await asyncio.gather(reporter, return_exceptions=True)
+
+    def _problem(self, said: str | None) -> None:
+        """Something the worker could not do for the program: the job's status says it."""
+        if said is not None and said not in self.problems and said not in self._told:
+            self.problems.append(said)
+            self.log.warning("program.problem", said=said)
+            self.dirty = True
 
     def _proxy_env(self) -> dict[str, str]:
         return {
@@ -420,6 +501,8 @@ class ProgramRun:
             latest_metrics=self.latest_metrics,
             metrics_step=self.metrics_step,
             following=self.following,
+            problems=self.problems,
+            exited=self.exited,
         )
         try:
             await self.handle.signal("program_progress", sent)
@@ -432,10 +515,12 @@ class ProgramRun:
             return
         self.losses, self.checkpoints, self.trainer_lost, self.dirty = [], [], None, False
         self.metric_points, self.following = [], None
+        self._told.update(self.problems)
+        self.problems = []
 
 
 def _warn_if_idle(
-    proxy: ProgramProxy, output: Path, logger: Any, warned: float | None
+    proxy: ProgramProxy, output: OutputLog, logger: Any, warned: float | None
 ) -> float | None:
     """Say so (in the program's log, which ``shepherd logs`` shows, and the worker's) when the
     program has sent its RUNNING trainer nothing for ``PROGRAM_IDLE_WARNING``, and again at
@@ -452,9 +537,7 @@ def _warn_if_idle(
         f"{idle / 60:.0f} min; the trainer is RUNNING (its GPUs are held) — is it waiting on "
         "something else, or stuck?"
     )
-    stamp = datetime.now(UTC).isoformat(timespec="milliseconds")
-    with output.open("a", encoding="utf-8") as sink:
-        sink.write(json.dumps({"t": stamp, "stream": "shepherd", "line": text}) + "\n")
+    output.write("shepherd", text)
     logger.warning("program.idle", idle_s=round(idle), trainer_job_id=proxy.trainer_job_id)
     return now
 
@@ -462,21 +545,28 @@ def _warn_if_idle(
 async def _pump(
     stream: asyncio.StreamReader | None,
     name: str,
-    output: Path,
+    output: OutputLog,
     tail: collections.deque[str] | None,
 ) -> None:
     """The program's output, line by line, into its log file (stamped; ``shepherd logs``
-    shows it tagged [program]); stderr's last lines also into ``tail``."""
+    shows it tagged [program]); stderr's last lines also into ``tail``. Read to the end
+    whether or not the file can be written."""
     if stream is None:
         return
-    with output.open("a", encoding="utf-8") as sink:
-        async for line in _lines(stream):
-            text = line.decode("utf-8", "replace").rstrip("\n")
-            if tail is not None:
-                tail.append(readable(text))  # the error message of a failed program
-            stamp = datetime.now(UTC).isoformat(timespec="milliseconds")
-            sink.write(json.dumps({"t": stamp, "stream": name, "line": text}) + "\n")
-            sink.flush()
+    async for line in _lines(stream):
+        text = line.decode("utf-8", "replace").rstrip("\n")
+        if tail is not None:
+            tail.append(readable(text))  # the error message of a failed program
+        output.write(name, text)
+
+
+def _clip(message: str, limit: int = 4000) -> str:
+    """An error message within ``limit`` characters: its head (what failed and why) and the
+    end of the stderr tail (where a traceback says its cause)."""
+    if len(message) <= limit:
+        return message
+    head = message.split("\n", 1)[0][: limit // 4]
+    return f"{head}\n…\n{message[-(limit - len(head) - 3) :]}"
 
 
 async def _lines(stream: asyncio.StreamReader) -> AsyncIterator[bytes]:

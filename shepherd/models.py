@@ -341,6 +341,11 @@ class ProgramProgress(Model):
     metrics_step: int | None = None
     #: The job follows another of the program's models from now on (``step`` is its step).
     following: FollowedModel | None = None
+    #: What the worker could not do for the program (its log or exit record on a full
+    #: disk), for the job's status.
+    problems: list[str] = Field(default_factory=list)
+    #: The program exited 0 (the last report of its run; its final checkpoint is in it).
+    exited: bool = False
 
 
 class ProgramResult(Model):
@@ -637,6 +642,8 @@ class ProgramCarry(Model):
     restore_point: str | None = None
     #: A checkpoint arrived that pruning has not looked at yet.
     prune: bool = False
+    #: The program's worker said it exited 0 (its final checkpoint told with it).
+    exited: bool = False
 
 
 class SlotHold(Model):

@@ -15,10 +15,29 @@ from temporalio.api.operatorservice.v1 import (
 from temporalio.client import Client, TLSConfig
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.runtime import Runtime
+from temporalio.service import RetryConfig
 
 from shepherd import search_attributes
 
 DEFAULT_TASK_QUEUE = "shepherd"
+
+#: How a worker's calls to the server are retried: what it must not lose — an activity's
+#: completion, a heartbeat, a signal from an activity — is retried through a server restart
+#: or an outage of minutes, not the SDK's default 10 s (after which a finished activity's
+#: result was dropped and its job sat until the activity's start-to-close timeout). A call is
+#: tried at most ``max_interval`` after the server is back (the issue 32 budget: an outage
+#: costs its length plus at most 10 s); past ``max_elapsed`` (10 min) the activities' own
+#: timeouts take over (the server retries the activity). Declared here, where clients are
+#: made; listed in workflows/policies.py.
+SERVER_CALL_RETRY = RetryConfig(
+    initial_interval_millis=200,
+    randomization_factor=0.2,
+    multiplier=2.0,
+    max_interval_millis=5_000,
+    max_elapsed_time_millis=10 * 60 * 1000,
+    # (10 min at most every 5 s after a short ramp: ~125 tries; never the limit.)
+    max_retries=1_000,
+)
 
 
 class TemporalSettings(BaseSettings):
@@ -47,8 +66,14 @@ class TemporalSettings(BaseSettings):
 
 
 async def connect(
-    settings: TemporalSettings | None = None, *, runtime: Runtime | None = None
+    settings: TemporalSettings | None = None,
+    *,
+    runtime: Runtime | None = None,
+    retry: RetryConfig | None = None,
 ) -> Client:
+    """A client; ``retry``: how its calls are retried (a worker's: :data:`SERVER_CALL_RETRY`;
+    the CLI's keep the SDK's short default, so a user is told at once that the server is
+    not there)."""
     settings = settings or TemporalSettings()
     return await Client.connect(
         settings.address,
@@ -57,6 +82,7 @@ async def connect(
         tls=settings.tls_config(),
         api_key=settings.api_key.get_secret_value() if settings.api_key else None,
         runtime=runtime,
+        retry_config=retry,
     )
 
 

@@ -10,7 +10,11 @@ At scale (thousands of queued jobs) the bridge:
 - delivers on ``LANES`` concurrent lanes, one trainer always on the same lane, so each
   trainer's events keep their order while a slow signal does not hold up other trainers;
 - gives each signal an idempotency key (the event's id), so every worker can run a bridge
-  (none is special, any may die) and the server keeps one signal per event.
+  (none is special, any may die) and the server keeps one signal per event;
+- keeps an event it could not deliver (the Temporal server down or unreachable) and tries
+  it again until it lands or its workflow is gone (``_REDELIVER_S``): a state change is
+  never left to the workflow's slow fallback poll because the server was away. The event's
+  lane waits meanwhile (its trainers' events keep their order), the others go on.
 """
 
 from __future__ import annotations
@@ -48,6 +52,22 @@ LANE_DEPTH = 256
 _CACHE_SIZE = 4096
 _LOOKUP_RETRIES_S = (0.25, 0.5, 1.0, 2.0)
 _RECONNECT_S = (0.5, 1, 2, 5, 10)
+#: Delays between tries of an event the server did not take (beyond the client's own
+#: retries): the server is tried at least every 5 s, so an event lands within 5 s of its
+#: return (issue 32: an outage costs its length plus at most 10 s).
+_REDELIVER_S = (0.5, 1, 2, 5)
+#: What a server that is down, restarting or unreachable answers (anything else is final).
+_SERVER_AWAY = frozenset(
+    {
+        RPCStatusCode.UNAVAILABLE,
+        RPCStatusCode.DEADLINE_EXCEEDED,
+        RPCStatusCode.RESOURCE_EXHAUSTED,
+        RPCStatusCode.UNKNOWN,
+        RPCStatusCode.INTERNAL,
+        RPCStatusCode.ABORTED,
+        RPCStatusCode.CANCELLED,
+    }
+)
 
 
 class EventBridge:
@@ -134,6 +154,28 @@ class EventBridge:
         return None  # not a Shepherd job, or already finished
 
     async def _deliver(self, backend: str, event: JobEvent) -> None:
+        """Deliver ``event``, trying again while the server does not answer."""
+        tries = 0
+        while True:
+            try:
+                await self._deliver_once(backend, event)
+                return
+            except RPCError as exc:
+                if exc.status not in _SERVER_AWAY:
+                    raise
+                delay = _REDELIVER_S[min(tries, len(_REDELIVER_S) - 1)]
+                tries += 1
+                log.warning(
+                    "events.redeliver",
+                    trainer_job_id=event.job_id,
+                    event_id=event.id,
+                    tries=tries,
+                    delay_s=delay,
+                    error=exc.message[:200],
+                )
+                await asyncio.sleep(delay)
+
+    async def _deliver_once(self, backend: str, event: JobEvent) -> None:
         started = time.monotonic()
         owner = await self._owner(event.job_id)
         if owner is None:
@@ -159,10 +201,11 @@ class EventBridge:
             await self.client.workflow_service.signal_workflow_execution(request, retry=True)
             self.delivered += 1
         except RPCError as exc:
-            # The workflow closed meanwhile (or never was ours): polling covers anything else.
+            if exc.status is not RPCStatusCode.NOT_FOUND:
+                raise  # the server is away: tried again (``_deliver``)
+            # The workflow closed meanwhile (or never was ours).
             self._owners.pop(event.job_id, None)
-            level = log.debug if exc.status is RPCStatusCode.NOT_FOUND else log.warning
-            level("events.signal_failed", workflow_id=owner, error=exc.message)
+            log.debug("events.signal_failed", workflow_id=owner, error=exc.message)
             return
         log.debug(
             "events.delivered",

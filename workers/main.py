@@ -41,7 +41,12 @@ from activities.training import TrainingActivities
 from shepherd import loops, programs
 from shepherd.logging import configure_logging
 from shepherd.preflight import worker_identity
-from shepherd.temporal import TemporalSettings, connect, ensure_search_attributes
+from shepherd.temporal import (
+    SERVER_CALL_RETRY,
+    TemporalSettings,
+    connect,
+    ensure_search_attributes,
+)
 from workers import metrics
 from workers.config import BackendProfile, BackendRegistry, profiles_from_env
 from workers.events import EventBridge
@@ -252,7 +257,7 @@ async def run_worker(
 ) -> None:
     temporal = temporal or TemporalSettings()
     registry = BackendRegistry(profiles if profiles is not None else profiles_from_env())
-    client = await connect(temporal, runtime=metrics.temporal_runtime())
+    client = await connect(temporal, runtime=metrics.temporal_runtime(), retry=SERVER_CALL_RETRY)
     await _require_search_attributes(client)
     stop = stop or asyncio.Event()
     queues = list(task_queues or [temporal.task_queue])

@@ -19,6 +19,7 @@ from temporalio.common import RetryPolicy
 
 from shepherd.reaper import REAPER_GRACE, REAPER_PERIOD  # noqa: F401 - declared there
 from shepherd.spec import PoliciesSpec
+from shepherd.temporal import SERVER_CALL_RETRY  # noqa: F401 - declared there (a worker's)
 
 # --------------------------------------------------------------------- error types
 # ApplicationError types raised by activities; the workflow branches on them.

@@ -78,6 +78,9 @@ class ProgramTraining:
         self._restore_point: str | None = c.restore_point
         #: A checkpoint arrived: older ones beyond ``checkpoint.keep_last`` are pruned.
         self._prune = c.prune
+        #: The program's worker said it exited 0, its final checkpoint with it: whatever
+        #: becomes of its activity, it is never started again.
+        self._exited = c.exited
 
     def carry(self) -> ProgramCarry:
         return ProgramCarry(
@@ -87,6 +90,7 @@ class ProgramTraining:
             attached=self._attached,
             restore_point=self._restore_point,
             prune=self._prune,
+            exited=self._exited,
         )
 
     def reattach(self, ctx: JobContext) -> None:
@@ -144,6 +148,9 @@ class ProgramTraining:
             self._restore_point = progress.restore_point
         if progress.trainer_lost and self._attached == ctx.s.trainer_job_id:
             self._lost = progress.trainer_lost
+        for problem in progress.problems:
+            ctx.notice(problem)
+        self._exited = self._exited or progress.exited
         ctx.publish()
 
     @staticmethod
@@ -218,6 +225,15 @@ class ProgramTraining:
                 await self._run
             except ActivityError as err:
                 ctx.stop_if_cancelled()
+                if self._exited:
+                    # Its work is done and told (its final checkpoint with it): what failed
+                    # after is the worker's, and the job goes on from its checkpoints.
+                    ctx.notice(
+                        f"program {ctx.spec.training.program} exited 0; its activity then "
+                        f"failed ({_said(err)}): the job goes on from its checkpoints"
+                    )
+                    self._run = None
+                    break
                 if self._adopting and _gone(err, any_timeout=False):
                     self._run = None
                     if self._queue is not None and self._queue != self._adopted_at:

@@ -26,9 +26,9 @@ with workflow.unsafe.imports_passed_through():
     from shepherd.models import PlatformJob, RecoveryRecord
     from shepherd.phases import Phase
     from shepherd.states import JobState
-    from workflows import checkpointing, measures, policies, slot, trainer
+    from workflows import checkpointing, measures, policies, slot, trainer, versions
     from workflows.context import JobContext
-    from workflows.flow import RESUMABLE_OR_RUNNING, Lost, Terminal
+    from workflows.flow import DEAD, RESUMABLE_OR_RUNNING, Lost, Terminal
     from workflows.held import TrainerWork
 
 #: A trainer that died with these codes was refused by the platform (its configuration, its
@@ -61,6 +61,8 @@ def classify(job: PlatformJob | None) -> str:
 
 async def recover(ctx: JobContext, work: TrainerWork, lost: Lost) -> None:
     """The trainer behind ``lost`` serving again (or the job ended, if it cannot be)."""
+    if lost.job is None and lost.kind == policies.TRAINER_LOST:
+        lost = await _platform_view(ctx, lost)
     job = lost.job
     at_step = max(ctx.s.step, lost.applied_step or 0)
     reason = "deleted" if lost.kind == policies.TRAINER_GONE else classify(job)
@@ -144,6 +146,30 @@ def _recovered(ctx: JobContext) -> None:
     """The trainer serves again: the recovery's record is complete."""
     ctx.recovering = False
     ctx.close_recovery_record()
+
+
+async def _platform_view(ctx: JobContext, lost: Lost) -> Lost:
+    """A loss known only by the proxy's word (or a failed call's), the platform's view of the
+    trainer not in it: wait until the platform says what the trainer is (resumable, or
+    running) — a restarting platform answers once it is back, and says it restarted — so the
+    loss is counted for what it was (a platform restart is no trainer failure)."""
+    if not workflow.patched(versions.ASK_THE_PLATFORM_WHY):
+        return lost
+    ctx.set_phase(Phase.RECOVERING)  # (the wait is neither paused nor continued)
+    ctx.event_state = None  # an old event's RUNNING is no answer
+    await trainer.await_state(
+        ctx,
+        ReadinessActivities.wait_for_resumable,
+        RESUMABLE_OR_RUNNING,
+        ctx.pol.wait_resumable,
+        "RecoveryTimeout",
+        "the platform's word on the lost trainer",
+        death_is_loss=False,
+    )
+    if ctx.event_state in DEAD:
+        dead = ctx.death_event()
+        return Lost(dead.kind, dead.job, lost.detail, lost.applied_step)
+    return lost
 
 
 def _charge(ctx: JobContext, reason: str, lost: Lost) -> None:

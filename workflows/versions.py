@@ -28,6 +28,11 @@ TIES_GO_TO_THE_LATER = "ties-go-to-the-later"
 #: job's admission overlaps the delete. Jobs before it released after.
 SLOT_BACK_WITH_THE_TRAINER = "slot-back-with-the-trainer"
 
+#: A trainer lost by the proxy's (or a call's) word alone is classified by what the platform
+#: then says of it (a platform restart is one, for program jobs too): jobs before it counted
+#: such a loss as a failure at once.
+ASK_THE_PLATFORM_WHY = "ask-the-platform-why"
+
 #: Patches since the baseline, oldest first: (id, what changed, when it may be deprecated).
 PATCHES: tuple[tuple[str, str, str], ...] = (
     (
@@ -39,6 +44,11 @@ PATCHES: tuple[tuple[str, str, str], ...] = (
     (
         SLOT_BACK_WITH_THE_TRAINER,
         "a finishing job's delete and slot release are sent together",
+        "2026-12-28",
+    ),
+    (
+        ASK_THE_PLATFORM_WHY,
+        "a loss without the platform's word waits for it before it is classified",
         "2026-12-28",
     ),
 )
