@@ -74,6 +74,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/trainer_memory.py | tee bench/out/trainer_memory.json
 	$(BIN)/python bench/proxy.py | tee bench/out/proxy.json
 	$(BIN)/python bench/history.py | tee bench/out/history.json
+	$(BIN)/python bench/outage.py | tee bench/out/outage.json
+	$(BIN)/python bench/outage.py --fault platform --down 30,180 | tee bench/out/partition.json
 
 # Thousands of queued jobs on 4 slots: hours for the full list (docs/scale.md).
 bench-scale: $(STAMP)

@@ -1,23 +1,33 @@
-"""Benchmark: what a Temporal server outage costs jobs that train through it (issue 32).
+"""Benchmark: what an outage under Shepherd costs jobs that train through it (issue 32) —
+the Temporal server's (``--fault server``), or the link between the worker and the trainer
+platform (``--fault platform``: a partition while the server sees both).
 
 A stack started here: the Temporal dev server as ``shepherd dev`` runs it (its own process, a
 SQLite file), localplane, and one in-process worker connected as production's is (the
 worker's retry policy, ``SERVER_CALL_RETRY``; the event bridge on). ``--jobs`` loop jobs train
 (``--step-ms`` of emulated GPU time per step, a checkpoint every 10); once each is past step 5
-the server is SIGKILLed, left down ``--down`` seconds and started again on its database — the
-workers are left alone. In the ``recovering`` case the first job's trainer is preempted just
-before the kill, so that job recovers across the outage.
+the fault strikes for ``--down`` seconds:
+
+* ``server``: the server is SIGKILLed and started again on its database — the workers are
+  left alone. In the ``recovering`` case the first job's trainer is preempted just before the
+  kill, so that job recovers across the outage.
+* ``platform``: localplane and its trainers run on a host of their own (a network namespace,
+  localplane/hosts.py) and the worker's link to it is cut — packets dropped, nothing refused
+  (the far end of its veth pair taken down) — then healed. (``recovering`` preempts the
+  trainer just before the cut.)
 
 Measured from the platform's side (the plane's per-job count of optimizer steps, read every
-``--sample-ms``): for each job, **stall after return** = the first optimizer step the trainer
-took after the server answered again minus that moment (the issue's target: <= 10 s), and
-**idle** = the longest time the trainer took no step, around the outage (the outage's length
-plus what it cost). Also, from each job's history: activity attempts that timed out (a
-completion or heartbeat lost would show as one) and activities retried.
+``--sample-ms``, for ``platform`` over a second link that is never cut): for each job,
+**stall after return** = the first optimizer step the trainer took after the server answered
+again (the link came back) minus that moment (targets: <= 10 s after a server outage, <= 5 s
+after a partition heals), and **idle** = the longest time the trainer took no step around the
+fault. Also, from each job's history: activity attempts that timed out and activities
+retried, and the recoveries the job recorded (a partition must start none).
 
 Prints one JSON document on stdout (progress on stderr). Run:
-``.venv/bin/python bench/outage.py [--down 15,180] [--cases training,recovering] [--runs 1]
-[--jobs 3]``; a smoke run: ``--down 5 --cases training``.
+``.venv/bin/python bench/outage.py [--fault server|platform] [--down 15,180]
+[--cases training,recovering] [--runs 1] [--jobs 3]``; a smoke run: ``--down 5 --cases
+training``; the partition of the issue: ``--fault platform --down 30,180 --cases training``.
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ from typing import Any
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 
+from localplane import hosts
 from localplane.admin import PlaneAdmin
 from localplane.process import PlaneProcess
 from shepherd.models import JobInput, JobStatus
@@ -52,8 +63,10 @@ from workflows.job import TrainingJobWorkflow
 # bench/ is sys.path[0] when a script runs as `python bench/<name>.py`: not a package import.
 from common import KEY_ENV, log, machine, no_plot, positive, r3, run_main
 
-TARGET_S = 10.0
+#: Progress after the fault ends, at most (issue 32).
+TARGETS_S = {"server": 10.0, "platform": 5.0}
 CASES = ("training", "recovering")
+FAULTS = tuple(TARGETS_S)
 
 
 @dataclass
@@ -61,9 +74,12 @@ class Rig:
     server: TemporalServer
     client: Client
     plane: PlaneProcess
+    #: The plane as the benchmark sees it (for ``platform``: over the link never cut).
     admin: PlaneAdmin
     account: str
     task_queue: str
+    #: Where the plane runs, for ``platform`` (None: on this host).
+    host: hosts.Host | None = None
     handles: list[WorkflowHandle[Any, Any]] = field(default_factory=list)
 
     def job_name(self, trainer: str) -> str:
@@ -71,26 +87,34 @@ class Rig:
 
 
 @contextlib.asynccontextmanager
-async def rig(directory: Path) -> AsyncIterator[Rig]:
+async def rig(directory: Path, fault: str) -> AsyncIterator[Rig]:
     server = TemporalServer(directory / "temporal", port=free_port(), headless=True)
-    plane = PlaneProcess(directory / "plane", config={"capacity": 16})
     async with contextlib.AsyncExitStack() as stack:
+        host = stack.enter_context(hosts.host(watch=True)) if fault == "platform" else None
+        plane = PlaneProcess(
+            directory / "plane",
+            config={"capacity": 16},
+            env={"SHEPHERD_PLANE_HOST": "0.0.0.0"} if host else None,  # noqa: S104 - its own host
+            prefix=host.prefix() if host else None,
+        )
         log("starting the Temporal dev server (SQLite file) and localplane")
-        stack.callback(plane.cleanup)
+        stack.callback(plane.cleanup)  # (before the host goes: registered after it)
         stack.callback(lambda: server.stop())
         await asyncio.to_thread(server.start)
         await asyncio.to_thread(plane.start)
-        admin = await stack.enter_async_context(PlaneAdmin(plane.url, plane.admin_key))
+        url = f"http://{host.far_ip}:{plane.port}" if host else plane.url
+        watch_url = f"http://{host.watch_ip}:{plane.port}" if host else plane.url
+        admin = await stack.enter_async_context(PlaneAdmin(watch_url, plane.admin_key, timeout=2.0))
         account, key = await admin.create_account()
         client = await connect(TemporalSettings(address=server.address), retry=SERVER_CALL_RETRY)
-        profile = BackendProfile(name="local", url=plane.url, api_key_env=KEY_ENV, events=True)
+        profile = BackendProfile(name="local", url=url, api_key_env=KEY_ENV, events=True)
         registry = BackendRegistry({"local": profile}, env={KEY_ENV: key})
         stack.push_async_callback(registry.aclose)
         task_queue = f"bench-outage-{uuid.uuid4().hex[:8]}"
         for worker in workers_for(client, task_queue, registry):
             await stack.enter_async_context(worker)
         bridge = asyncio.create_task(EventBridge(client, registry).run())
-        the_rig = Rig(server, client, plane, admin, account, task_queue)
+        the_rig = Rig(server, client, plane, admin, account, task_queue, host)
         try:
             yield the_rig
         finally:
@@ -170,6 +194,15 @@ async def outage(server: TemporalServer, down_s: float) -> tuple[float, float]:
     return killed, back
 
 
+async def partition(host: hosts.Host, down_s: float) -> tuple[float, float]:
+    """Cut the worker's link to the platform, wait, heal it; (cut at, healed at)."""
+    await asyncio.to_thread(host.cut)
+    cut = time.monotonic()
+    await asyncio.sleep(down_s)
+    await asyncio.to_thread(host.heal)
+    return cut, time.monotonic()
+
+
 async def history_counts(handle: WorkflowHandle[Any, Any]) -> dict[str, int]:
     timed_out = retried = 0
     async for e in handle.fetch_history_events():
@@ -192,9 +225,12 @@ async def one_run(r: Rig, case: str, down_s: float, args: argparse.Namespace) ->
     await asyncio.sleep(1.0)
     if case == "recovering":
         await r.admin.preempt(statuses[0].trainer_job_id or "", account=r.account)
-    log(f"{case}, {down_s:g} s: the server goes down")
-    killed, back = await outage(r.server, down_s)
-    log(f"{case}, {down_s:g} s: the server answers again; waiting for each job's next step")
+    log(f"{case}, {down_s:g} s: the {args.fault} goes away")
+    if r.host is not None:
+        killed, back = await partition(r.host, down_s)
+    else:
+        killed, back = await outage(r.server, down_s)
+    log(f"{case}, {down_s:g} s: back; waiting for each job's next step")
     stalls: dict[str, float | None] = {}
     deadline = back + args.wait
     while time.monotonic() < deadline and len(stalls) < len(handles):
@@ -221,6 +257,9 @@ async def one_run(r: Rig, case: str, down_s: float, args: argparse.Namespace) ->
                 "stall_after_return_s": r3(stall) if stall is not None else None,
                 "idle_s": r3(max(gaps)) if gaps and stall is not None else None,
                 "steps_during_outage": sum(1 for t in times if killed < t <= back),
+                "recoveries": [
+                    r.reason for r in (await h.query("status", result_type=JobStatus)).recoveries
+                ],
                 **(await history_counts(h)),
             }
         )
@@ -244,7 +283,7 @@ async def one_run(r: Rig, case: str, down_s: float, args: argparse.Namespace) ->
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
     runs = []
     with tempfile.TemporaryDirectory(prefix="bench-outage-") as tmp:
-        async with rig(Path(tmp)) as r:
+        async with rig(Path(tmp), args.fault) as r:
             for down_s in args.down:
                 for case in args.cases:
                     for _ in range(args.runs):
@@ -254,12 +293,14 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                             f"{runs[-1]['worst_stall_after_return_s']} s"
                         )
     stalls = [j["stall_after_return_s"] for run in runs for j in run["jobs"]]
-    met = all(s is not None and s <= TARGET_S for s in stalls)
+    target = TARGETS_S[args.fault]
+    met = all(s is not None and s <= target for s in stalls)
     return {
         "benchmark": "outage",
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": machine(),
         "settings": {
+            "fault": args.fault,
             "down_s": args.down,
             "cases": args.cases,
             "runs": args.runs,
@@ -267,7 +308,10 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             "step_ms": args.step_ms,
             "sample_ms": args.sample_ms,
             "worker": "in-process, client retry SERVER_CALL_RETRY, event bridge on",
-            "server": "temporal server start-dev on a SQLite file, SIGKILLed and restarted",
+            "server": "temporal server start-dev on a SQLite file (SIGKILLed and restarted for "
+            "--fault server)",
+            "platform": "localplane, for --fault platform on a host of its own (a network "
+            "namespace) whose link to the worker is cut by taking the far end of the veth down",
         },
         "method": {
             "stall_after_return_s": "per job: the first optimizer step the plane served after "
@@ -275,13 +319,14 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             "idle_s": "per job: the longest time between two optimizer steps around the outage",
             "activity_timeouts": "ActivityTaskTimedOut events in the job's history (whole run)",
         },
-        "target": {"stall_after_return_le_s": TARGET_S, "met": met},
+        "target": {"stall_after_return_le_s": target, "met": met},
         "runs": runs,
     }
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fault", choices=FAULTS, default="server", help="what goes away")
     parser.add_argument("--down", default="15,180", help="outage lengths, seconds")
     parser.add_argument("--cases", default=",".join(CASES), help="training and/or recovering")
     parser.add_argument("--runs", type=positive(int), default=1, help="runs per case and length")

@@ -29,6 +29,7 @@ class PlaneProcess:
         config: dict[str, Any] | None = None,
         log_path: Path | None = None,
         env: dict[str, str] | None = None,
+        prefix: list[str] | None = None,
     ) -> None:
         self._tmp = None if data_dir else tempfile.TemporaryDirectory(prefix="localplane-")
         self.data_dir = data_dir or Path(self._tmp.name)  # type: ignore[union-attr]
@@ -47,6 +48,8 @@ class PlaneProcess:
         self.config = config or {}
         self.log_path = log_path or self.data_dir / "plane.log"
         self.env = env or {}
+        #: Run under this command (``ip netns exec <ns>``: the plane on a test host of its own).
+        self.prefix = prefix or []
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
 
@@ -61,6 +64,7 @@ class PlaneProcess:
         ready.unlink(missing_ok=True)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         cmd = [
+            *self.prefix,
             sys.executable,
             "-m",
             "shepherd.cli.main",

@@ -209,7 +209,7 @@ class TrainingClient:
             self.optim_steps += 1
 
         async def run() -> T:
-            request_id = await self.trainer.submit(op, body)
+            request_id = await self.trainer.submit(op, body, deadline=self.timeout)
             self._unconfirmed.pop(seq, None)
             return convert(await self.trainer.result(request_id, timeout=self.timeout))
 
@@ -387,7 +387,7 @@ class TrainingClient:
         never did would hold every later operation of the model, the next save included."""
         for seq in sorted(self._unconfirmed):
             op, body = self._unconfirmed[seq]
-            await self.trainer.submit(op, body)
+            await self.trainer.submit(op, body, deadline=self.timeout)
             self._unconfirmed.pop(seq, None)
 
     def cancel_pending(self) -> None:

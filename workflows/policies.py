@@ -17,6 +17,10 @@ from typing import Any
 
 from temporalio.common import RetryPolicy
 
+from shepherd.platform.client import (  # noqa: F401 - declared there (the data plane's)
+    DATA_PLANE_RESEND_PAUSE_S,
+    DATA_PLANE_SILENCE_S,
+)
 from shepherd.reaper import REAPER_GRACE, REAPER_PERIOD  # noqa: F401 - declared there
 from shepherd.spec import PoliciesSpec
 from shepherd.temporal import SERVER_CALL_RETRY  # noqa: F401 - declared there (a worker's)

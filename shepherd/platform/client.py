@@ -12,6 +12,7 @@ It speaks only the contract, so it works against ``localplane`` and the hosted s
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -27,6 +28,7 @@ from shepherd.platform.errors import (
     InternalError,
     PlatformError,
     RequestTimeout,
+    Unreachable,
     error_from_response,
     error_from_transport,
     future_failed,
@@ -55,12 +57,30 @@ if TYPE_CHECKING:
 #: Default per-request timeout, seconds. Shorter than any activity's start-to-close.
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
-#: One ``retrieve_future`` poll: trainers hold it open for up to ~20-30 s (§4).
-FUTURE_POLL_TIMEOUT_S = 45.0
+#: How long a data-plane request of a training step may go unanswered before it is sent
+#: again, on a new connection (issue 32): a connection that went dark — a partition that
+#: drops packets, refusing nothing — is noticed by this bound, not by the socket's timeout,
+#: and a request in flight when the link healed would otherwise wait for TCP's backed-off
+#: retransmission (12-31 s idle after a 30 s cut). A submission is answered at once (the
+#: trainer returns its future before the work: §4) and is sent again as it was (the trainer
+#: dedupes on ``(model_id, seq_id)``); a held ``retrieve_future`` poll is asked again (it is
+#: a read; trainers hold one open for up to ~20-30 s, §4). The cost: a future pending longer
+#: than this is polled on a new connection every 5 s instead of once per trainer hold.
+DATA_PLANE_SILENCE_S = 5.0
+#: Between two sends of a request whose answer was a quick timeout (a gateway's 504 or 408,
+#: not silence): no tight loop against a platform that is answering.
+DATA_PLANE_RESEND_PAUSE_S = 0.5
 USER_AGENT = "shepherd-platform-client/0.1"
 
 #: Sends one request: ``await via(lambda: request())`` (see :meth:`TrainerClient.call`).
 Resend = Callable[[Callable[[], Awaitable[Any]]], Awaitable[Any]]
+
+
+async def _pause_after_a_quick_timeout(sent: float) -> None:
+    """After a timeout that came back sooner than the silence bound (the platform answered
+    408/504 at once), wait ``DATA_PLANE_RESEND_PAUSE_S`` before sending again."""
+    if time.monotonic() - sent < DATA_PLANE_SILENCE_S / 2:
+        await asyncio.sleep(DATA_PLANE_RESEND_PAUSE_S)
 
 
 async def _once(request: Callable[[], Awaitable[Any]]) -> Any:
@@ -578,9 +598,18 @@ class TrainerClient:
 
     # ----------------------------------------------------------------- futures
 
-    async def submit(self, op: str, body: dict[str, Any], *, timeout: float | None = None) -> str:
-        """Submit one operation; returns the future's request id (accepted, not done)."""
-        answer = await self._post(op, body, timeout=timeout)
+    async def submit(
+        self,
+        op: str,
+        body: dict[str, Any],
+        *,
+        timeout: float | None = None,
+        deadline: float | None = None,
+    ) -> str:
+        """Submit one operation; returns the future's request id (accepted, not done). With
+        ``deadline`` (seconds): sent again, the same body, each time it goes unanswered for
+        ``DATA_PLANE_SILENCE_S``, until then."""
+        answer = await self._unsilenced(op, body, timeout, deadline)
         request_id = answer.get("request_id") if isinstance(answer, dict) else None
         if not isinstance(request_id, str | int):
             raise InternalError(
@@ -588,13 +617,31 @@ class TrainerClient:
             )
         return str(request_id)
 
+    async def _unsilenced(
+        self, op: str, body: dict[str, Any], timeout: float | None, deadline: float | None
+    ) -> Any:
+        if deadline is None:
+            return await self._post(op, body, timeout=timeout)
+        end = time.monotonic() + deadline
+        while True:
+            sent = time.monotonic()
+            try:
+                return await self._post(op, body, timeout=min(end - sent, DATA_PLANE_SILENCE_S))
+            except (RequestTimeout, Unreachable):
+                # Unanswered — silence, or no connection at all (a partition past the
+                # host's neighbour entry answers "no route to host" at once): again.
+                if time.monotonic() >= end:
+                    raise
+                await _pause_after_a_quick_timeout(sent)
+
     async def result(self, request_id: str, *, timeout: float) -> dict[str, Any]:
         """Wait for a future's result. The trainer holds each poll open and answers
         ``try_again`` (or 408) while the work is pending; this is waiting, not retrying,
         so it happens here, bounded by ``timeout`` seconds overall."""
         deadline = time.monotonic() + timeout
         while True:
-            left = deadline - time.monotonic()
+            sent = time.monotonic()
+            left = deadline - sent
             if left <= 0:
                 raise RequestTimeout(
                     f"future {request_id} not done within {timeout:.0f}s",
@@ -605,10 +652,13 @@ class TrainerClient:
                 body = await self._post(
                     "retrieve_future",
                     {"request_id": request_id},
-                    timeout=min(left, FUTURE_POLL_TIMEOUT_S),
+                    timeout=min(left, DATA_PLANE_SILENCE_S),
                 )
-            except RequestTimeout:
-                continue  # a held poll that ran out (408 or our own timeout): ask again
+            except (RequestTimeout, Unreachable):
+                # A held poll that ran out (408 or our silence bound), or no connection: ask
+                # again, within the deadline.
+                await _pause_after_a_quick_timeout(sent)
+                continue
             except PlatformError as exc:
                 if exc.status_code == 410:
                     raise FutureExpired(
@@ -632,7 +682,7 @@ class TrainerClient:
         """Submit and wait: one sequenced operation end to end. ``via`` wraps each of the two
         requests (e.g. to send one again after a route 404, which never reached the trainer)."""
         send: Resend = via or _once
-        request_id = await send(lambda: self.submit(op, body))
+        request_id = await send(lambda: self.submit(op, body, deadline=timeout))
         return await send(lambda: self.result(request_id, timeout=timeout))
 
     async def create_model(

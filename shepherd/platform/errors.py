@@ -120,6 +120,10 @@ class Unavailable(PlatformError):
     retryable = True
 
 
+class Unreachable(Unavailable):
+    """No connection at all (refused, reset, no route to the host): nothing was answered."""
+
+
 class RequestTimeout(PlatformError):
     """408 or a client-side timeout."""
 
@@ -268,9 +272,9 @@ def transport_failure(
     exc: BaseException, *, timed_out: bool, method: str, url: str
 ) -> PlatformError:
     """What a request that got no answer raises: :class:`RequestTimeout` when it ran out of
-    time, else :class:`Unavailable` (both retryable)."""
+    time, else :class:`Unreachable` (both retryable)."""
     if timed_out:
         return RequestTimeout(f"request timed out ({type(exc).__name__})", method=method, url=url)
-    return Unavailable(
+    return Unreachable(
         f"could not reach the platform ({type(exc).__name__}: {exc})", method=method, url=url
     )

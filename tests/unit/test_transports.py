@@ -133,3 +133,70 @@ async def test_a_timeout_and_a_refused_connection_are_retryable(trainer: Trainer
         await gone.request("GET", "ok")
     assert refused.value.retryable
     assert KEY not in str(refused.value)
+
+
+async def _silent_first() -> tuple[web.AppRunner, str, list[dict[str, Any]]]:
+    """A trainer whose first answer to each endpoint never comes (a connection gone dark)."""
+    seen: list[dict[str, Any]] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        body = json.loads(await request.read())
+        seen.append({"path": request.path, **body})
+        if sum(1 for s in seen if s["path"] == request.path) == 1:
+            await asyncio.sleep(30)
+        if request.path.endswith("retrieve_future"):
+            return web.json_response({"loss": 1.0})
+        return web.json_response({"request_id": "r-1"})
+
+    app = web.Application()
+    app.router.add_route("POST", "/api/v1/{op}", handler)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}", seen
+
+
+@pytest.mark.parametrize("transport", ["httpx", "aiohttp"])
+async def test_a_data_plane_request_unanswered_for_the_silence_bound_is_sent_again(
+    transport: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 32: a submission (the same body: the trainer dedupes on its seq_id) and a
+    future's poll that go unanswered for ``DATA_PLANE_SILENCE_S`` are sent again, within the
+    caller's deadline; without a deadline a request is sent once."""
+    from shepherd.platform import client as module
+
+    monkeypatch.setattr(module, "DATA_PLANE_SILENCE_S", 0.3)
+    runner, url, seen = await _silent_first()
+    client = PlatformClient(url, KEY, account_id="acct", timeout=10)
+    data_plane = client.open_data_plane()
+    trainer = client.trainer_at(url) if transport == "httpx" else TrainerClient(data_plane, url)
+    try:
+        body = {"model_id": "m", "seq_id": 7, "forward_backward_input": {"data": []}}
+        async with asyncio.timeout(5):
+            answer = await trainer.call("forward_backward", body, timeout=5)
+        assert answer == {"loss": 1.0}
+        assert [s["path"].rsplit("/", 1)[-1] for s in seen] == [
+            "forward_backward",
+            "forward_backward",
+            "retrieve_future",
+            "retrieve_future",
+        ]
+        assert seen[0] == seen[1]  # byte for byte the same submission
+        seen.clear()
+        with pytest.raises(errors.RequestTimeout):  # the deadline still holds
+            await trainer.submit("optim_step", {"seq_id": 8}, deadline=0.2)
+        assert len(seen) == 1
+        # No connection at all: tried again (after a pause) until the deadline.
+        with socket.socket() as sock:  # a port nothing listens on
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        gone = TrainerClient(trainer._t, f"http://127.0.0.1:{port}")  # noqa: SLF001
+        started = asyncio.get_running_loop().time()
+        with pytest.raises((errors.Unreachable, errors.RequestTimeout)):  # (the last: either)
+            await gone.submit("optim_step", {"seq_id": 8}, deadline=1.2)
+        assert asyncio.get_running_loop().time() - started >= 1.0  # not given up at once
+    finally:
+        await data_plane.aclose()
+        await client.aclose()
+        await runner.cleanup()

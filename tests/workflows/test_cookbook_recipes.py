@@ -46,6 +46,7 @@ from tests.plane import cookbook_support as cb
 from tests.workflows.conftest import Stack
 from tests.workflows.test_programs import (
     BASE,
+    check_verified,
     optim_steps_served,
     preempted_twice_with_a_route_race,
     program_starts,
@@ -171,22 +172,6 @@ async def program_final_digest(stack: Stack, status: JobStatus, name: str) -> st
     )
     model = await client.get_model(model_id)
     return str((model.model_extra or {})["weightsDigest"])
-
-
-def check_verified(final: JobStatus) -> None:
-    """After each recovery the restored model's weights are the lost trainer's: the proxy
-    compares the trainer's weights digests (of the checkpoint it restored, and at the step it
-    redid up to) with those the lost trainer reported. A recovery that had a Shepherd
-    checkpoint to restore must say they matched. One that struck before the job's first
-    checkpoint (restored from the model's creation) with its step in flight has nothing the
-    lost trainer reported at the step the redo ends at: it may say None (not verified), never
-    False."""
-    for r in final.recoveries:
-        before = [c.step for c in final.checkpoints if c.saved_at and c.saved_at < r.started_at]
-        if before:
-            assert r.weights_verified is True, (r, before)
-        else:
-            assert r.weights_verified is not False, r
 
 
 async def check_survived(

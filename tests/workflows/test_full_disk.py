@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowFailureError
 
 from shepherd.models import JobStatus
@@ -58,6 +59,17 @@ def small_volume(
         subprocess.run(["umount", "-l", str(volume)], check=False, capture_output=True)
 
 
+async def activity_failures(handle: Any) -> list[str]:
+    """What each failed activity attempt of the job said (for an assertion's message)."""
+    said = []
+    async for e in handle.fetch_history_events():
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED:
+            said.append(e.activity_task_failed_event_attributes.failure.message[:500])
+        elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT:
+            said.append(f"timed out: {e.activity_task_timed_out_event_attributes.failure}"[:500])
+    return said
+
+
 def reported(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
 
@@ -82,7 +94,7 @@ async def test_a_program_that_filled_its_disk_and_exited_0_completes_once(
         beside: JobStatus = await other.result()
     assert final.phase is Phase.COMPLETED, final.error
     assert final.step == steps and final.checkpoints[-1].step == steps
-    assert await program_starts(handle) == 1
+    assert await program_starts(handle) == 1, await activity_failures(handle)
     said = " | ".join(final.notices)
     exit_file = small_volume / handle.id / "shepherd-exit.json"
     assert f"could not be recorded in {exit_file}" in said, said
