@@ -92,6 +92,10 @@ LONGEST_FIRST = (
     "tests/workflows/test_determinism.py",
     "tests/workflows/test_admission_ops.py",
     "tests/workflows/test_controls.py",
+    "tests/workflows/test_server_outage.py",
+    "tests/workflows/test_platform_restart.py",
+    "tests/workflows/test_partitions.py",
+    "tests/workflows/test_full_disk.py",
 )
 
 

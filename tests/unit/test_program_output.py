@@ -9,7 +9,9 @@ import collections
 import json
 from pathlib import Path
 
-from activities.program_run import _pump
+import structlog
+
+from activities.program_run import OutputLog, _pump
 
 
 async def _pumped(data: bytes, tmp_path: Path) -> tuple[list[str], list[str]]:
@@ -18,7 +20,9 @@ async def _pumped(data: bytes, tmp_path: Path) -> tuple[list[str], list[str]]:
     stream.feed_eof()
     tail: collections.deque[str] = collections.deque(maxlen=40)
     out = tmp_path / "program.log"
-    await asyncio.wait_for(_pump(stream, "stderr", out, tail), 10)
+    log = OutputLog(out, structlog.get_logger())
+    await asyncio.wait_for(_pump(stream, "stderr", log, tail), 10)
+    log.close()
     lines = [json.loads(raw)["line"] for raw in out.read_text().splitlines()]
     return lines, list(tail)
 

@@ -30,7 +30,7 @@ from tests.workflows.conftest import Stack, open_stack
 SLOW = {"extra_args": ["--compute-delay-ms=150"]}
 STEPS = 40
 #: The suite's short cut (bench/partition.py cuts for 30 s and 3 minutes).
-CUT_S = 10.0
+CUT_S = 8.0
 
 
 def spec(stack: Stack, name: str) -> Any:

@@ -361,6 +361,27 @@ async def until_step_or_end(
         )
 
 
+def superseded(final: JobStatus) -> list[int]:
+    """The recoveries (numbers) the next loss struck before the job went any further (no
+    checkpoint in between): their restore may have been cut short."""
+    after = [*final.recoveries[1:], None]
+    return [
+        r.number
+        for r, nxt in zip(final.recoveries, after, strict=True)
+        if nxt is not None
+        and not any(
+            c.saved_at and r.started_at < c.saved_at < nxt.started_at for c in final.checkpoints
+        )
+    ]
+
+
+def cut_short(final: JobStatus) -> int:
+    """How many recoveries' restores the next loss cut short (superseded, never verified):
+    each may have redone steps on its trainer that no record counts."""
+    cut = superseded(final)
+    return sum(1 for r in final.recoveries if r.number in cut and r.weights_verified is None)
+
+
 def check_verified(final: JobStatus) -> None:
     """After each recovery the restored model's weights are the lost trainer's: the proxy
     compares the trainer's weights digests (of the checkpoint it restored, and at the step it
@@ -370,12 +391,10 @@ def check_verified(final: JobStatus) -> None:
     lost trainer reported at the step the redo ends at: it may say None (not verified), never
     False. So may one whose restore the next loss struck before it ended (the next recovery
     restores and verifies instead): the job went no further in between — no checkpoint."""
-    for r, after in zip(final.recoveries, [*final.recoveries[1:], None], strict=True):
+    cut = superseded(final)
+    for r in final.recoveries:
         before = [c.step for c in final.checkpoints if c.saved_at and c.saved_at < r.started_at]
-        superseded = after is not None and not any(
-            c.saved_at and r.started_at < c.saved_at < after.started_at for c in final.checkpoints
-        )
-        if before and not superseded:
+        if before and r.number not in cut:
             assert r.weights_verified is True, (r, before)
         else:
             assert r.weights_verified is not False, r
