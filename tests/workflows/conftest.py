@@ -228,6 +228,19 @@ async def open_stack(
     await registry.aclose()
 
 
+@contextlib.asynccontextmanager
+async def stack_on(client: Client, plane: PlaneProcess) -> AsyncIterator[Stack]:
+    """A stack on a plane of the test's own (started by the test), as its ``dev`` account."""
+    from shepherd.platform import PlatformClient
+
+    async with (
+        PlaneAdmin(plane.url, plane.admin_key) as admin,
+        PlatformClient(plane.url, plane.api_key) as platform,
+        open_stack(client, plane, admin, Account("dev", plane.api_key, platform)) as st,
+    ):
+        yield st
+
+
 @pytest.fixture
 async def stack(
     client: Client,

@@ -4,42 +4,28 @@ healed. The jobs training through it complete with the weights of an uninterrupt
 trainer each, and no recovery is started for a trainer that never stopped: a data-plane
 request that went unanswered is sent again after ``DATA_PLANE_SILENCE_S`` (the trainer dedupes
 it), not left to TCP's backed-off retransmissions. How long jobs stall after the heal is
-measured by ``bench/partition.py`` (never timed here)."""
+measured by ``bench/outage.py --fault platform`` (never timed here)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from temporalio.client import Client
 
 from localplane import hosts
-from localplane.admin import PlaneAdmin
 from localplane.process import PlaneProcess
 from shepherd.models import JobStatus
 from shepherd.phases import Phase
-from shepherd.platform import PlatformClient
 from shepherd.states import JobState
 from tests.conftest import BASELINE
-from tests.helpers import Account
-from tests.workflows.conftest import Stack, open_stack
+from tests.workflows.conftest import Stack, stack_on
+from tests.workflows.test_server_outage import STEPS, model_digest, spec
 
-SLOW = {"extra_args": ["--compute-delay-ms=150"]}
-STEPS = 40
-#: The suite's short cut (bench/partition.py cuts for 30 s and 3 minutes).
+#: The suite's short cut (bench/outage.py --fault platform cuts for 30 s and 3 minutes).
 CUT_S = 8.0
-
-
-def spec(stack: Stack, name: str) -> Any:
-    return stack.spec(
-        name,
-        trainer=SLOW,
-        training={"total_steps": STEPS},
-        checkpoint={"every_steps": 10, "keep_last": 2},
-    )
 
 
 @pytest.fixture
@@ -56,20 +42,11 @@ async def far_plane(client: Client, tmp_path: Path) -> AsyncIterator[tuple[Stack
         )
         await asyncio.to_thread(plane.start)
         try:
-            async with (
-                PlaneAdmin(plane.url, plane.admin_key) as admin,
-                PlatformClient(plane.url, plane.api_key) as platform,
-                open_stack(client, plane, admin, Account("dev", plane.api_key, platform)) as st,
-            ):
+            async with stack_on(client, plane) as st:
                 yield st, host
         finally:
             host.heal()  # (a failed test may leave it cut: the plane must stop cleanly)
             await asyncio.to_thread(plane.stop)
-
-
-async def model_digest(stack: Stack, model_id: str) -> str:
-    model = await stack.account.client.get_model(model_id)
-    return str((model.model_extra or {})["weightsDigest"])
 
 
 @pytest.mark.slow

@@ -15,14 +15,11 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client
 
-from localplane.admin import PlaneAdmin
 from localplane.process import PlaneProcess
 from shepherd.models import JobStatus
 from shepherd.phases import Phase
-from shepherd.platform import PlatformClient
 from tests.conftest import BASELINE
-from tests.helpers import Account
-from tests.workflows.conftest import Stack, open_stack
+from tests.workflows.conftest import Stack, stack_on
 from tests.workflows.test_programs import (
     per_step,
     printed,
@@ -43,11 +40,7 @@ async def own_stack(
     plane = PlaneProcess(tmp_path / "plane", config={**BASELINE, "trainerProtobuf": False})
     await asyncio.to_thread(plane.start)
     try:
-        async with (
-            PlaneAdmin(plane.url, plane.admin_key) as admin,
-            PlatformClient(plane.url, plane.api_key) as platform,
-            open_stack(client, plane, admin, Account("dev", plane.api_key, platform)) as st,
-        ):
+        async with stack_on(client, plane) as st:
             yield st, plane
     finally:
         await asyncio.to_thread(plane.stop)
