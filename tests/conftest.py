@@ -79,21 +79,22 @@ def data_dir(plane: PlaneProcess) -> Path:
 #: collected last keeps one process busy alone at the end: these go first, the short rest
 #: fills in behind them (longest-first keeps the tail short).
 LONGEST_FIRST = (
-    # By their time in a full run (2026-11-28, three processes on 2 cores), longest first.
-    "tests/workflows/test_cookbook_recipes.py",
+    # By their total time in a full run (2026-11-28, `--durations=0`), longest first.
     "tests/workflows/test_programs.py",
+    "tests/workflows/test_await_points.py",
+    "tests/workflows/test_cookbook_recipes.py",
     "tests/workflows/test_scheduling.py",
     "tests/workflows/test_long_runs.py",
     "tests/workflows/test_worker_crash.py",
+    "tests/test_dev_stack.py",
     "tests/workflows/test_examples_run.py",
     "tests/workflows/test_determinism.py",
-    "tests/test_dev_stack.py",
-    "tests/workflows/test_admission_ops.py",
-    "tests/workflows/test_platform_restart.py",
     "tests/workflows/test_cli.py",
-    "tests/workflows/test_await_points.py",
-    "tests/workflows/test_controls.py",
     "tests/workflows/test_recovery.py",
+    "tests/workflows/test_admission_ops.py",
+    "tests/workflows/test_submission_guards.py",
+    "tests/workflows/test_controls.py",
+    "tests/workflows/test_platform_restart.py",
     "tests/workflows/test_long_timers.py",
     "tests/workflows/test_server_outage.py",
     "tests/workflows/test_program_pipelines.py",
