@@ -451,11 +451,15 @@ class Runner:
 
 
 @contextlib.asynccontextmanager
-async def shepherd_worker(st: Stack, bench: str, *, events: bool) -> AsyncIterator[Runner]:
+async def shepherd_worker(
+    st: Stack, bench: str, *, events: bool, plane_url: str | None = None
+) -> AsyncIterator[Runner]:
     """A worker like production's on its own task queue (``bench-<bench>-...``), with the event
-    bridge; ``events`` is the backend profile's switch (off: the workflow polls)."""
+    bridge; ``events`` is the backend profile's switch (off: the workflow polls);
+    ``plane_url``: where the worker reaches the plane (default: ``st.plane.url``)."""
     task_queue = f"bench-{bench}-{uuid.uuid4().hex[:8]}"
-    profile = BackendProfile(name="local", url=st.plane.url, api_key_env=KEY_ENV, events=events)
+    url = plane_url or st.plane.url
+    profile = BackendProfile(name="local", url=url, api_key_env=KEY_ENV, events=events)
     registry = BackendRegistry({"local": profile}, env={KEY_ENV: st.api_key})
     runner = Runner(st, task_queue)
     try:

@@ -39,29 +39,26 @@ import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import WorkflowHandle
 
 from localplane import hosts
 from localplane.admin import PlaneAdmin
 from localplane.process import PlaneProcess
-from shepherd.models import JobInput, JobStatus
+from shepherd.models import JobStatus
 from shepherd.phases import Phase
+from shepherd.platform import PlatformClient
 from shepherd.spec import validate_spec
 from shepherd.temporal import SERVER_CALL_RETRY, TemporalSettings, connect
-from workers.config import BackendProfile, BackendRegistry
 from workers.devstack import TemporalServer, free_port, tcp_open
-from workers.events import EventBridge
-from workers.main import workers_for
-from workflows.job import TrainingJobWorkflow
 
 # isort: split
 # bench/ is sys.path[0] when a script runs as `python bench/<name>.py`: not a package import.
-from common import KEY_ENV, log, machine, no_plot, positive, r3, run_main
+from common import Runner, Stack, log, machine, no_plot, positive, r3, run_main, shepherd_worker
 
 #: Progress after the fault ends, at most (issue 32).
 TARGETS_S = {"server": 10.0, "platform": 5.0}
@@ -72,18 +69,12 @@ FAULTS = tuple(TARGETS_S)
 @dataclass
 class Rig:
     server: TemporalServer
-    client: Client
-    plane: PlaneProcess
-    #: The plane as the benchmark sees it (for ``platform``: over the link never cut).
-    admin: PlaneAdmin
-    account: str
-    task_queue: str
+    #: The plane as the benchmark sees it (``stack.admin``: for ``platform``, over the link
+    #: never cut) and the worker's task queue.
+    stack: Stack
+    runner: Runner
     #: Where the plane runs, for ``platform`` (None: on this host).
     host: hosts.Host | None = None
-    handles: list[WorkflowHandle[Any, Any]] = field(default_factory=list)
-
-    def job_name(self, trainer: str) -> str:
-        return f"accounts/{self.account}/rlorTrainerJobs/{trainer}"
 
 
 @contextlib.asynccontextmanager
@@ -106,47 +97,30 @@ async def rig(directory: Path, fault: str) -> AsyncIterator[Rig]:
         watch_url = f"http://{host.watch_ip}:{plane.port}" if host else plane.url
         admin = await stack.enter_async_context(PlaneAdmin(watch_url, plane.admin_key, timeout=2.0))
         account, key = await admin.create_account()
+        platform = await stack.enter_async_context(PlatformClient(url, key, account_id=account))
         client = await connect(TemporalSettings(address=server.address), retry=SERVER_CALL_RETRY)
-        profile = BackendProfile(name="local", url=url, api_key_env=KEY_ENV, events=True)
-        registry = BackendRegistry({"local": profile}, env={KEY_ENV: key})
-        stack.push_async_callback(registry.aclose)
-        task_queue = f"bench-outage-{uuid.uuid4().hex[:8]}"
-        for worker in workers_for(client, task_queue, registry):
-            await stack.enter_async_context(worker)
-        bridge = asyncio.create_task(EventBridge(client, registry).run())
-        the_rig = Rig(server, client, plane, admin, account, task_queue, host)
-        try:
-            yield the_rig
-        finally:
-            for handle in the_rig.handles:
-                with contextlib.suppress(Exception):
-                    await handle.terminate(reason="benchmark stopped")
-            bridge.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await bridge
+        st = Stack(client, plane, admin, account, key, platform)
+        runner = await stack.enter_async_context(
+            shepherd_worker(st, "outage", events=True, plane_url=url)
+        )
+        yield Rig(server, st, runner, host)
 
 
 async def start_job(r: Rig, name: str, step_ms: float) -> WorkflowHandle[Any, JobStatus]:
-    spec = validate_spec(
-        {
-            "name": name,
-            "trainer": {
-                "base_model": "accounts/fireworks/models/qwen3-8b",
-                "extra_args": [f"--compute-delay-ms={step_ms:g}"],
-            },
-            "training": {"total_steps": 100_000},
-            "checkpoint": {"every_steps": 10, "keep_last": 2},
-            "output": {"promote": "none"},
-        }
+    return await r.runner.start(
+        validate_spec(
+            {
+                "name": name,
+                "trainer": {
+                    "base_model": "accounts/fireworks/models/qwen3-8b",
+                    "extra_args": [f"--compute-delay-ms={step_ms:g}"],
+                },
+                "training": {"total_steps": 100_000},
+                "checkpoint": {"every_steps": 10, "keep_last": 2},
+                "output": {"promote": "none"},
+            }
+        )
     )
-    handle = await r.client.start_workflow(
-        TrainingJobWorkflow.run,
-        JobInput(spec=spec),
-        id=f"outage-{name}-{uuid.uuid4().hex[:6]}",
-        task_queue=r.task_queue,
-    )
-    r.handles.append(handle)
-    return handle
 
 
 async def until_training(handle: WorkflowHandle[Any, JobStatus], step: int) -> JobStatus:
@@ -164,7 +138,7 @@ async def sample_steps(
     """Each job's optimizer steps served by the plane, (monotonic time, count) at each change."""
     while True:
         with contextlib.suppress(Exception):
-            jobs = (await r.admin.stats())["jobs"]
+            jobs = (await r.stack.admin.stats())["jobs"]
             now = time.monotonic()
             for job, name in names.items():
                 count = int(jobs.get(name, {}).get("dataPlane", {}).get("json:optim_step", 0))
@@ -218,13 +192,14 @@ async def one_run(r: Rig, case: str, down_s: float, args: argparse.Namespace) ->
     handles = [await start_job(r, f"{case}-{i}-{tag}", args.step_ms) for i in range(args.jobs)]
     statuses = [await until_training(h, 5) for h in handles]
     names = {
-        h.id: r.job_name(s.trainer_job_id or "") for h, s in zip(handles, statuses, strict=True)
+        h.id: r.stack.job_name(s.trainer_job_id or "")
+        for h, s in zip(handles, statuses, strict=True)
     }
     steps: dict[str, list[tuple[float, int]]] = {}
     sampler = asyncio.create_task(sample_steps(r, names, args.sample_ms / 1000, steps))
     await asyncio.sleep(1.0)
     if case == "recovering":
-        await r.admin.preempt(statuses[0].trainer_job_id or "", account=r.account)
+        await r.stack.admin.preempt(statuses[0].trainer_job_id or "", account=r.stack.account_id)
     log(f"{case}, {down_s:g} s: the {args.fault} goes away")
     if r.host is not None:
         killed, back = await partition(r.host, down_s)

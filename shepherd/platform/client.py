@@ -598,18 +598,11 @@ class TrainerClient:
 
     # ----------------------------------------------------------------- futures
 
-    async def submit(
-        self,
-        op: str,
-        body: dict[str, Any],
-        *,
-        timeout: float | None = None,
-        deadline: float | None = None,
-    ) -> str:
+    async def submit(self, op: str, body: dict[str, Any], *, deadline: float | None = None) -> str:
         """Submit one operation; returns the future's request id (accepted, not done). With
         ``deadline`` (seconds): sent again, the same body, each time it goes unanswered for
-        ``DATA_PLANE_SILENCE_S``, until then."""
-        answer = await self._unsilenced(op, body, timeout, deadline)
+        ``DATA_PLANE_SILENCE_S``, until then (without: sent once)."""
+        answer = await self._unsilenced(op, body, deadline)
         request_id = answer.get("request_id") if isinstance(answer, dict) else None
         if not isinstance(request_id, str | int):
             raise InternalError(
@@ -617,11 +610,9 @@ class TrainerClient:
             )
         return str(request_id)
 
-    async def _unsilenced(
-        self, op: str, body: dict[str, Any], timeout: float | None, deadline: float | None
-    ) -> Any:
+    async def _unsilenced(self, op: str, body: dict[str, Any], deadline: float | None) -> Any:
         if deadline is None:
-            return await self._post(op, body, timeout=timeout)
+            return await self._post(op, body)
         end = time.monotonic() + deadline
         while True:
             sent = time.monotonic()

@@ -22,7 +22,8 @@ from shepherd.phases import Phase
 from shepherd.states import JobState
 from tests.conftest import BASELINE
 from tests.workflows.conftest import Stack, stack_on
-from tests.workflows.test_server_outage import STEPS, model_digest, spec
+from tests.workflows.test_recovery import model_digest
+from tests.workflows.test_server_outage import STEPS, spec
 
 #: The suite's short cut (bench/outage.py --fault platform cuts for 30 s and 3 minutes).
 CUT_S = 8.0

@@ -28,6 +28,7 @@ from shepherd.temporal import SERVER_CALL_RETRY, TemporalSettings, connect
 from tests.helpers import Account
 from tests.replay import replay_since
 from tests.workflows.conftest import Stack, open_stack
+from tests.workflows.test_recovery import model_digest
 from workers.devstack import TemporalServer, free_port, tcp_open
 from workers.main import WORKFLOWS
 
@@ -66,11 +67,6 @@ async def kill_and_restart(server: TemporalServer) -> None:
     await asyncio.sleep(DOWN_S)
     await asyncio.to_thread(server.start)
     assert tcp_open(server.ip, server.port)
-
-
-async def model_digest(stack: Stack, model_id: str) -> str:
-    model = await stack.account.client.get_model(model_id)
-    return str((model.model_extra or {})["weightsDigest"])
 
 
 def spec(stack: Stack, name: str) -> Any:
