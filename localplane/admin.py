@@ -8,14 +8,14 @@ from typing import Any, Self
 
 import httpx
 
-from shepherd.platform.client import JsonTransport
+from shepherd.platform.client import JsonTransport, tls_context
 
 
 class PlaneAdmin:
     def __init__(self, base_url: str, admin_key: str, *, timeout: float = 30.0) -> None:
         self.base_url = base_url.rstrip("/")
         self._http = httpx.AsyncClient(
-            headers={"Authorization": f"Bearer {admin_key}"}, timeout=timeout
+            headers={"Authorization": f"Bearer {admin_key}"}, timeout=timeout, verify=tls_context()
         )
         self._t = JsonTransport(self._http)
 

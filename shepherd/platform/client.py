@@ -13,7 +13,9 @@ It speaks only the contract, so it works against ``localplane`` and the hosted s
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, Self
@@ -85,6 +87,14 @@ async def _pause_after_a_quick_timeout(sent: float) -> None:
 
 async def _once(request: Callable[[], Awaitable[Any]]) -> Any:
     return await request()
+
+
+@functools.cache
+def tls_context() -> ssl.SSLContext:
+    """One TLS context per process for every HTTP client here: httpx builds a fresh one per
+    client otherwise (loading the CA bundle: ~40 ms of CPU), and a worker makes clients per
+    backend, a test stack per test."""
+    return httpx.create_ssl_context()
 
 
 def _q(segment: str) -> str:
@@ -186,6 +196,7 @@ class PlatformClient:
                 max_connections=max_connections, max_keepalive_connections=max_connections
             ),
             transport=transport,
+            verify=tls_context(),
         )
         self._t = JsonTransport(self._http)
 
