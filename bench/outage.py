@@ -1,6 +1,7 @@
 """Benchmark: what an outage under Shepherd costs jobs that train through it (issue 32) —
-the Temporal server's (``--fault server``), or the link between the worker and the trainer
-platform (``--fault platform``: a partition while the server sees both).
+the Temporal server's (``--fault server``), the link between the worker and the trainer
+platform (``--fault platform``: a partition while the server sees both), or the link between
+the worker and the server (``--fault server-link``: the server stays up).
 
 A stack started here: the Temporal dev server as ``shepherd dev`` runs it (its own process, a
 SQLite file), localplane, and one in-process worker connected as production's is (the
@@ -15,6 +16,9 @@ the fault strikes for ``--down`` seconds:
   localplane/hosts.py) and the worker's link to it is cut — packets dropped, nothing refused
   (the far end of its veth pair taken down) — then healed. (``recovering`` preempts the
   trainer just before the cut.)
+* ``server-link``: the Temporal server runs on such a host and the worker's link to it is cut
+  while the server stays up, then healed (the issue names no target for it; the table holds
+  it to the partition's 5 s).
 
 Measured from the platform's side (the plane's per-job count of optimizer steps, read every
 ``--sample-ms``, for ``platform`` over a second link that is never cut): for each job,
@@ -25,9 +29,10 @@ fault. Also, from each job's history: activity attempts that timed out and activ
 retried, and the recoveries the job recorded (a partition must start none).
 
 Prints one JSON document on stdout (progress on stderr). Run:
-``.venv/bin/python bench/outage.py [--fault server|platform] [--down 15,180]
+``.venv/bin/python bench/outage.py [--fault server|platform|server-link] [--down 15,180]
 [--cases training,recovering] [--runs 1] [--jobs 3]``; a smoke run: ``--down 5 --cases
-training``; the partition of the issue: ``--fault platform --down 30,180 --cases training``.
+training``; the partitions of the issue: ``--fault platform --down 30,180 --cases training``
+and ``--fault server-link --down 30,180``.
 """
 
 from __future__ import annotations
@@ -61,7 +66,7 @@ from workers.devstack import TemporalServer, free_port, tcp_open
 from common import Runner, Stack, log, machine, no_plot, positive, r3, run_main, shepherd_worker
 
 #: Progress after the fault ends, at most (issue 32).
-TARGETS_S = {"server": 10.0, "platform": 5.0}
+TARGETS_S = {"server": 10.0, "platform": 5.0, "server-link": 5.0}
 CASES = ("training", "recovering")
 FAULTS = tuple(TARGETS_S)
 
@@ -73,28 +78,36 @@ class Rig:
     #: never cut) and the worker's task queue.
     stack: Stack
     runner: Runner
-    #: Where the plane runs, for ``platform`` (None: on this host).
+    #: The host whose link is cut: the plane's (``platform``) or the server's
+    #: (``server-link``); None: the server is killed instead.
     host: hosts.Host | None = None
 
 
 @contextlib.asynccontextmanager
 async def rig(directory: Path, fault: str) -> AsyncIterator[Rig]:
-    server = TemporalServer(directory / "temporal", port=free_port(), headless=True)
     async with contextlib.AsyncExitStack() as stack:
-        host = stack.enter_context(hosts.host(watch=True)) if fault == "platform" else None
+        host = stack.enter_context(hosts.host(watch=True)) if fault != "server" else None
+        far_server = host if fault == "server-link" else None
+        far_plane = host if fault == "platform" else None
+        state, port = directory / "temporal", free_port()
+        server = (
+            TemporalServer.on_host(far_server, state, port=port, headless=True)
+            if far_server
+            else TemporalServer(state, port=port, headless=True)
+        )
         plane = PlaneProcess(
             directory / "plane",
             config={"capacity": 16},
-            env={"SHEPHERD_PLANE_HOST": "0.0.0.0"} if host else None,  # noqa: S104 - its own host
-            prefix=host.prefix() if host else None,
+            env={"SHEPHERD_PLANE_HOST": "0.0.0.0"} if far_plane else None,  # noqa: S104 - its own host
+            prefix=far_plane.prefix() if far_plane else None,
         )
         log("starting the Temporal dev server (SQLite file) and localplane")
         stack.callback(plane.cleanup)  # (before the host goes: registered after it)
         stack.callback(lambda: server.stop())
         await asyncio.to_thread(server.start)
         await asyncio.to_thread(plane.start)
-        url = f"http://{host.far_ip}:{plane.port}" if host else plane.url
-        watch_url = f"http://{host.watch_ip}:{plane.port}" if host else plane.url
+        url = f"http://{far_plane.far_ip}:{plane.port}" if far_plane else plane.url
+        watch_url = f"http://{far_plane.watch_ip}:{plane.port}" if far_plane else plane.url
         admin = await stack.enter_async_context(PlaneAdmin(watch_url, plane.admin_key, timeout=2.0))
         account, key = await admin.create_account()
         platform = await stack.enter_async_context(PlatformClient(url, key, account_id=account))
@@ -284,7 +297,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             "sample_ms": args.sample_ms,
             "worker": "in-process, client retry SERVER_CALL_RETRY, event bridge on",
             "server": "temporal server start-dev on a SQLite file (SIGKILLed and restarted for "
-            "--fault server)",
+            "--fault server; for --fault server-link on a host of its own, cut like the plane's)",
             "platform": "localplane, for --fault platform on a host of its own (a network "
             "namespace) whose link to the worker is cut by taking the far end of the veth down",
         },

@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 
 from localplane.admin import PlaneAdmin
+from localplane.hosts import Host
 from localplane.plane import API_KEY_FILE
 from localplane.process import PlaneProcess
 from shepherd import binaries, offline, reaper, search_attributes
@@ -175,6 +176,18 @@ class TemporalServer:
     headless: bool = False
     namespace: str = "default"
     proc: subprocess.Popen[bytes] | None = None
+    #: Where it listens (None: ``ip``, where clients dial it). On a test host of its own
+    #: (localplane/hosts.py) 0.0.0.0: the dev server's services dial each other on 127.0.0.1.
+    bind: str | None = None
+    #: Runs it on such a host (``host.prefix()``).
+    prefix: list[str] = field(default_factory=list)
+
+    @classmethod
+    def on_host(cls, host: Host, state_dir: Path, **settings: Any) -> TemporalServer:
+        """On a test host of its own (localplane/hosts.py), dialled at its address there. It
+        listens on every address: the dev server's services dial each other on 127.0.0.1."""
+        everywhere = "0.0.0.0"  # noqa: S104 - a host of its own
+        return cls(state_dir, ip=host.far_ip, bind=everywhere, prefix=host.prefix(), **settings)
 
     @property
     def address(self) -> str:
@@ -188,11 +201,12 @@ class TemporalServer:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         (self.state_dir / "logs").mkdir(exist_ok=True)
         cmd = [
+            *self.prefix,
             binaries.temporal(),
             "server",
             "start-dev",
             "--ip",
-            self.ip,
+            self.bind or self.ip,
             "--port",
             str(self.port),
             "--db-filename",

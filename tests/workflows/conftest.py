@@ -163,9 +163,10 @@ class Stack:
         return f"accounts/{self.account.id}/rlorTrainerJobs/{trainer_job_id}"
 
 
-def make_registry(plane: PlaneProcess, api_key: str) -> BackendRegistry:
+def make_registry(plane: PlaneProcess, api_key: str, url: str | None = None) -> BackendRegistry:
+    """The plane as backend ``local`` (at ``url``: where this worker reaches it)."""
     profile = BackendProfile(
-        name="local", url=plane.url, api_key_env=KEY_ENV, events=True, timeout_s=10
+        name="local", url=url or plane.url, api_key_env=KEY_ENV, events=True, timeout_s=10
     )
     return BackendRegistry({"local": profile}, env={KEY_ENV: api_key})
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -78,40 +78,56 @@ def spec(stack: Stack, name: str) -> Any:
     )
 
 
-@pytest.mark.slow
-async def test_a_server_outage_mid_training_and_mid_recovery_costs_no_job(
-    outage_stack: Stack, stack: Stack, server: TemporalServer, request: pytest.FixtureRequest
+async def jobs_through(
+    fault: Callable[[], Awaitable[None]],
+    stack: Stack,
+    reference_stack: Stack,
+    request: pytest.FixtureRequest,
+    *,
+    recovering: bool = True,
 ) -> None:
-    # The uninterrupted run: on the session's server (never killed), the same plane.
-    reference = await stack.start(spec(stack, "ref"))
-    stack = outage_stack
+    """Three jobs mid-training when ``fault`` strikes (and with ``recovering`` the last one's
+    trainer preempted just before, so it recovers through the fault): each COMPLETES with the
+    weights of an uninterrupted run (on ``reference_stack``, never faulted), one trainer each,
+    created once, none left, no recovery but the preemption's; every history replays."""
+    reference = await reference_stack.start(spec(reference_stack, "ref"))
     since = datetime.now(UTC)
-    training = [await stack.start(spec(stack, f"through-{i}")) for i in range(2)]
-    recovering = await stack.start(spec(stack, "recovering"))
-    jobs = [*training, recovering]
+    names = ["through-0", "through-1", "recovering" if recovering else "through-2"]
+    jobs = [await stack.start(spec(stack, name)) for name in names]
     for handle in jobs:
         await stack.until(handle, lambda s: s.step >= 5 and s.phase is Phase.TRAINING)
-    # One trainer preempted just before the server goes: its job recovers through the outage.
-    victim = (await stack.status(recovering)).trainer_job_id or ""
-    await stack.admin.preempt(victim, account=stack.account.id)
-    started = time.monotonic()
-    await kill_and_restart(server)
-    assert time.monotonic() - started >= DOWN_S
+    if recovering:
+        victim = (await stack.status(jobs[-1])).trainer_job_id or ""
+        await stack.admin.preempt(victim, account=stack.account.id)
+    await fault()
 
     async with asyncio.timeout(240):
         finals: list[JobStatus] = [await h.result() for h in jobs]
         await reference.result()
-    expected = await model_digest(stack, "ref-model")
+    expected = await model_digest(reference_stack, "ref-model")
     stats = (await stack.admin.stats())["jobs"]
-    names = ["through-0", "through-1", "recovering"]
     for handle, final, name in zip(jobs, finals, names, strict=True):
         assert final.phase is Phase.COMPLETED and final.step == STEPS, (handle.id, final.error)
         assert final.failures == 0, (handle.id, final.recoveries)
         assert await model_digest(stack, f"{name}-model") == expected, handle.id
         trainer = stats[stack.job_name(final.trainer_job_id or "")]
-        # One trainer job per workflow, created once; none left running.
+        # One trainer job per workflow, created once, started once; none left running.
         assert trainer["creates"] == 1 and trainer["liveTrainer"] is False, trainer
+        assert trainer["trainersStarted"] == 1 + (name == "recovering"), trainer
         assert trainer["state"] == JobState.DELETED.value
-    assert [r.reason for r in finals[-1].recoveries] == ["preemption"]
-    assert all(not f.recoveries for f in finals[:-1]), [f.recoveries for f in finals[:-1]]
+        # A trainer that never stopped is never recovered.
+        expected_recoveries = ["preemption"] if name == "recovering" else []
+        assert [r.reason for r in final.recoveries] == expected_recoveries, handle.id
     await replay_since(stack.client, since, request.node.nodeid, list(WORKFLOWS))
+
+
+@pytest.mark.slow
+async def test_a_server_outage_mid_training_and_mid_recovery_costs_no_job(
+    outage_stack: Stack, stack: Stack, server: TemporalServer, request: pytest.FixtureRequest
+) -> None:
+    async def outage() -> None:
+        started = time.monotonic()
+        await kill_and_restart(server)
+        assert time.monotonic() - started >= DOWN_S
+
+    await jobs_through(outage, outage_stack, stack, request)
