@@ -33,6 +33,7 @@ from localplane.errors import (
     PermissionDenied,
     PlaneError,
     describe_validation_error,
+    disk_full,
     error_response,
     install_error_handlers,
     shorten,
@@ -288,6 +289,8 @@ def create_app(plane: Plane) -> FastAPI:
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
         if isinstance(exc, PlaneError):
             return JSONResponse(exc.body(), status_code=exc.code)
+        if full := disk_full(exc, plane.data_dir):
+            return JSONResponse(full.body(), status_code=full.code)
         return error_response(500, "INTERNAL", f"internal error: {type(exc).__name__}")
 
     @app.get("/healthz", include_in_schema=False)

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import errno
+import sqlite3
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from starlette.responses import JSONResponse
@@ -110,6 +113,18 @@ class Internal(PlaneError):
 
 class Unavailable(PlaneError):
     code, status = 503, "UNAVAILABLE"
+
+
+def disk_full(exc: BaseException, where: Path) -> PlaneError | None:
+    """A write that failed for want of space, as an error a client can act on — 503: wait and
+    try again, space may be freed — naming the directory and the cause; None for anything
+    else (a bare 500 said neither)."""
+    full = (isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)) or (
+        isinstance(exc, sqlite3.OperationalError) and "disk is full" in str(exc)
+    )
+    if not full:
+        return None
+    return Unavailable(f"no space left on the platform's disk under {where}: {exc}")
 
 
 _HTTP_STATUS = {

@@ -450,11 +450,18 @@ class JobService:
             t.process.kill()
         watchdog = self._spawn(self._start_watchdog(t))
         assert t.process.stdout is not None
-        # A local append-only file: a blocking open here costs microseconds.
-        with open(run_dir / trainer_logs.LOG_FILE, "ab") as log_file:  # noqa: ASYNC230
+        # A local append-only file: a blocking open here costs microseconds. Unbuffered (one
+        # write per line): a line that cannot be written (a full disk) is lost alone, and the
+        # trainer's output is still read — unread, its pipe would fill and stall the trainer.
+        lost = 0
+        with open(run_dir / trainer_logs.LOG_FILE, "ab", buffering=0) as log_file:  # noqa: ASYNC230
             async for line in t.process.stdout:
-                log_file.write(trainer_logs.stamp(line, now_rfc3339()))
-                log_file.flush()
+                try:
+                    log_file.write(trainer_logs.stamp(line, now_rfc3339()))
+                except OSError as exc:
+                    lost += 1
+                    if lost == 1:
+                        log.warning("trainer.log_lost", job=t.name, error=str(exc))
                 if t.port is None and line.startswith(READY_PREFIX.encode()):
                     t.port = int(json.loads(line[len(READY_PREFIX) :])["port"])
                     watchdog.cancel()

@@ -8,6 +8,7 @@ import contextlib
 import os
 import random
 import secrets
+import sqlite3
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -220,12 +221,17 @@ class Plane:
 
     def _on_data_plane(self, account: str, job: str, dialect: str, op: str) -> None:
         # Counted here, where the plane's storage is: trainers only say what a request was.
+        # Bookkeeping, not the request: one served by the trainer is answered even when the
+        # count cannot be written (a full disk under the plane's database).
         scope = f"{dialect}:{op}"
         job_name = f"accounts/{account}/rlorTrainerJobs/{job}"
-        self.storage.incr("dataPlaneRequests")
-        self.storage.incr("dataPlaneRequests", scope)
-        self.storage.incr("dataPlaneRequests", job_name)
-        self.storage.incr(f"{DATA_PLANE_PREFIX}{scope}", job_name)
+        try:
+            self.storage.incr("dataPlaneRequests")
+            self.storage.incr("dataPlaneRequests", scope)
+            self.storage.incr("dataPlaneRequests", job_name)
+            self.storage.incr(f"{DATA_PLANE_PREFIX}{scope}", job_name)
+        except sqlite3.Error as exc:
+            log.warning("stats.not_counted", job=job_name, op=scope, error=str(exc))
 
     def _on_route_404(self, account: str, job: str) -> None:
         self.storage.incr("route404s")

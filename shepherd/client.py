@@ -22,7 +22,7 @@ import math
 import re
 import secrets
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -463,6 +463,8 @@ class JobHandle:
             await self._after_the_end(status, desc.close_time)
         if status.admission and not closed:
             status.placement = await self._placement(status)
+        if not closed:
+            status.retrying = retrying(desc.raw_description.pending_activities)
         return status
 
     async def _placement(self, status: JobStatus) -> Placement | None:
@@ -1106,3 +1108,19 @@ __all__ = [
     "TemporalUnreachable",
     "WorkflowExecutionStatus",
 ]
+
+
+def retrying(pending: Any) -> list[str]:
+    """Each of a job's activities that failed and waits for its next attempt: which, how
+    many times, the last error (its first line) and when it tries again."""
+    out = []
+    for p in pending:
+        if p.attempt < 2 or not p.HasField("last_failure"):
+            continue
+        cause = (p.last_failure.message or "?").splitlines()[0]
+        when = ""
+        if p.HasField("next_attempt_schedule_time"):
+            left = p.next_attempt_schedule_time.ToDatetime(tzinfo=UTC) - datetime.now(UTC)
+            when = f"; next in {max(left.total_seconds(), 0):.0f}s"
+        out.append(f"{p.activity_type.name} (attempt {p.attempt}{when}): {cause}"[:500])
+    return out

@@ -537,6 +537,10 @@ class JobStatus(Model):
     #: Signals the job refused or could not read (newest last, at most ``MAX_NOTICES``):
     #: a signal has no reply, so this is where a sender learns it was ignored.
     notices: list[str] = Field(default_factory=list)
+    #: What the job is trying again and why (its steps failed and wait for their next
+    #: attempt: a platform answering errors, a full disk ...). Filled by the client from
+    #: Temporal's pending activities, never by the workflow.
+    retrying: list[str] = Field(default_factory=list)
 
     @property
     def phase_label(self) -> str:

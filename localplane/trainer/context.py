@@ -19,6 +19,7 @@ from typing import Any
 
 import structlog
 
+from localplane.errors import disk_full
 from localplane.trainer import checkpoints as ckpts
 from localplane.trainer.backend import Backend
 from localplane.trainer.config import TrainerConfig
@@ -33,7 +34,9 @@ log = structlog.stdlib.get_logger("localplane.trainer")
 class Compute:
     """The trainer's one compute thread and how an operation's outcome settles its future."""
 
-    def __init__(self) -> None:
+    def __init__(self, data_dir: Path | None = None) -> None:
+        #: Where the trainer writes (checkpoints): named when a write finds the disk full.
+        self.data_dir = data_dir
         self._gpu = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute")
         self._tasks: set[asyncio.Task[None]] = set()
         #: Operations executing right now (the service's ``busy``: no idle exit meanwhile).
@@ -54,7 +57,9 @@ class Compute:
             fut.fail(str(exc), "user")
         except Exception as exc:
             log.exception("operation.crashed", op=fut.op, request_id=fut.request_id)
-            fut.fail(f"trainer error in {fut.op}: {type(exc).__name__}: {exc}", "server")
+            full = disk_full(exc, self.data_dir) if self.data_dir else None
+            cause = full.message if full else f"{type(exc).__name__}: {exc}"
+            fut.fail(f"trainer error in {fut.op}: {cause}", "server")
         finally:
             self.running -= 1
 
@@ -89,6 +94,9 @@ class TrainerContext:
 
     def caller(self, *, lineage: str = "", run: str = "") -> ckpts.Caller:
         return ckpts.Caller(self.cfg.data_dir, self.cfg.account, self.cfg.job, lineage, run)
+
+    def __post_init__(self) -> None:
+        self.compute.data_dir = self.compute.data_dir or self.cfg.data_dir
 
     def bytes_in_use(self) -> int:
         return sum(nbytes() for nbytes in self.holders)

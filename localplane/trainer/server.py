@@ -32,7 +32,13 @@ from starlette.routing import Route as StarletteRoute
 
 from localplane import limits, serving
 from localplane.auth import api_key
-from localplane.errors import PayloadTooLarge, PlaneError, UnknownEndpoint, error_response
+from localplane.errors import (
+    PayloadTooLarge,
+    PlaneError,
+    UnknownEndpoint,
+    disk_full,
+    error_response,
+)
 from localplane.serving import ReadyServer, bind
 from localplane.trainer import routes
 from localplane.trainer.config import TrainerConfig
@@ -158,6 +164,8 @@ def create_app(service: TrainerService) -> Starlette:
             return answer(error_response(exc.code, exc.status, exc.message), op, dialect)
         except Exception as exc:
             log.exception("trainer.error", op=op)
+            if full := disk_full(exc, service.cfg.data_dir):
+                return answer(JSONResponse(full.body(), status_code=full.code), op, dialect)
             return answer(
                 error_response(500, "INTERNAL", f"trainer error: {type(exc).__name__}: {exc}"),
                 op,

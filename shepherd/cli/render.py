@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     Progress,
@@ -149,6 +150,8 @@ def show_status(status: JobStatus) -> None:
         )
     for notice in status.notices:
         console.print(f"  [yellow]notice:[/yellow] {notice}", soft_wrap=True)
+    for trying in status.retrying:
+        console.print(f"  [yellow]retrying:[/yellow] {escape(trying)}", soft_wrap=True)
 
 
 def _admission(status: JobStatus) -> str:

@@ -49,6 +49,13 @@ def test_one_step_redone_is_one_step(capsys: object) -> None:
     assert "1 step redone" in out and "1 steps" not in out
 
 
+def test_what_a_job_retries_is_shown_as_the_platform_said_it(capsys: object) -> None:
+    said = "save_checkpoint (attempt 3; next in 4s): [Errno 28] No space left on device"
+    show_status(JobStatus(retrying=[said]))
+    out = capsys.readouterr().out  # type: ignore[attr-defined]
+    assert f"retrying: {said}" in " ".join(out.split())
+
+
 def test_loopback_names_are_one_address() -> None:
     assert same_address("127.0.0.1:7233", "localhost:7233")
     assert not same_address("127.0.0.1:7233", "localhost:7234")

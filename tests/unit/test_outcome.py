@@ -84,3 +84,33 @@ def test_a_blank_workflow_id_is_refused_before_asking_the_server(workflow_id: st
         with pytest.raises(SpecError) as refused:
             get(workflow_id)
         assert refused.value.problems[0].field == "workflow_id"
+
+
+def test_retrying_names_each_failing_activity_its_attempt_cause_and_next_try() -> None:
+    """What ``shepherd status`` shows under a job that keeps failing a step (a full disk on
+    the platform, a control plane answering 5xx): from Temporal's pending activities."""
+    from datetime import UTC, datetime, timedelta
+
+    from temporalio.api.failure.v1 import Failure
+    from temporalio.api.workflow.v1 import PendingActivityInfo
+
+    from shepherd.client import retrying
+
+    def pending(name: str, attempt: int, failure: str | None) -> PendingActivityInfo:
+        info = PendingActivityInfo(attempt=attempt)
+        info.activity_type.name = name
+        if failure is not None:
+            info.last_failure.CopyFrom(Failure(message=failure))
+            info.next_attempt_schedule_time.FromDatetime(datetime.now(UTC) + timedelta(seconds=30))
+        return info
+
+    shown = retrying(
+        [
+            pending("train_chunk", 1, None),  # running, never failed: not retrying
+            pending("save_checkpoint", 6, "saving checkpoint step-30: no space left\nTraceback"),
+        ]
+    )
+    assert len(shown) == 1
+    assert shown[0].startswith("save_checkpoint (attempt 6; next in ")
+    assert shown[0].endswith("): saving checkpoint step-30: no space left")
+    assert retrying([]) == []
