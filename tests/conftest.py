@@ -3,6 +3,7 @@ never see each other's jobs), and a way to restore its faults after a test chang
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -114,3 +115,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return rank.get(path, len(rank))
 
     items.sort(key=key)  # stable: each module's own order is kept
+
+
+#: Room for a plane's database, its tokenizers and a few checkpoints of the tiny model.
+SMALL_DISK = "64m"
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A tmpfs of ``SMALL_DISK`` for the test (unmounted after): a disk to fill."""
+    where = tmp_path / "disk"
+    where.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={SMALL_DISK}", "tmpfs", str(where)],
+        capture_output=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)

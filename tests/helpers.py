@@ -174,3 +174,25 @@ async def run_cli(
         env=env,
         timeout=timeout,
     )
+
+
+def fill(disk: Path) -> Path:
+    """Fill ``disk`` to its last byte; the filler file."""
+    filler = disk / "filler"
+    with open(filler, "wb") as f:
+        block = b"\0" * (1 << 20)
+        try:
+            while True:
+                f.write(block)
+                f.flush()
+        except OSError:
+            pass
+    # The last partial block, byte pages at a time, until nothing at all fits.
+    with open(filler, "ab", buffering=0) as f:
+        for size in (1 << 16, 1 << 12, 1):
+            try:
+                while True:
+                    f.write(b"\0" * size)
+            except OSError:
+                continue
+    return filler

@@ -44,6 +44,9 @@ class Future:
     finished: float | None = None
     #: Set once the result was dropped (too old): retrieval answers 410, dedupe refuses.
     dropped: bool = False
+    #: A save that failed on the trainer's side (nothing written): the model's weights
+    #: version then. A repeat of its seq_id at that version does it again (see ``Sequencer``).
+    redo_at: int | None = None
     #: Called when the store forgets this future (dedupe tables drop their entry with it).
     on_forget: list[Callable[[Future], None]] = field(default_factory=list)
     _done: asyncio.Event = field(default_factory=asyncio.Event)
@@ -139,6 +142,8 @@ class Submission:
     seq_id: int
     future: Future
     body: dict[str, Any]
+    #: A failed save done again: the weights version it must still find (else it is refused).
+    redo_at: int | None = None
 
 
 class SequenceError(Exception):
@@ -159,6 +164,9 @@ class Sequencer:
         #: Accepted submissions by seq_id, pending and recent; the dedupe window.
         self.window: OrderedDict[int, Future] = OrderedDict()
         self.pending: dict[int, Submission] = {}
+        #: Failed saves sent again, served before the sequence goes on (they are at their
+        #: place already: ``applied`` is past them).
+        self.redo: list[Submission] = []
         #: Why the model cannot take more work (a sequence gap that never closed).
         self.broken: str | None = None
         self._wake = asyncio.Event()
@@ -172,7 +180,7 @@ class Sequencer:
             seq_id = max([self.applied, *self.window]) + 1
         known = self.window.get(seq_id)
         if known is not None:
-            return self._repeat(known, op, model_id, seq_id, digest)
+            return self._repeat(known, op, model_id, seq_id, digest, body)
         if seq_id <= self.applied:
             raise SequenceError(
                 f"seq_id {seq_id} of model {model_id} was applied long ago (beyond the trainer's "
@@ -188,7 +196,9 @@ class Sequencer:
         self._wake.set()
         return fut
 
-    def _repeat(self, known: Future, op: str, model_id: str, seq_id: int, digest: str) -> Future:
+    def _repeat(
+        self, known: Future, op: str, model_id: str, seq_id: int, digest: str, body: dict[str, Any]
+    ) -> Future:
         if known.op != op:
             raise SequenceError(
                 f"seq_id {seq_id} of model {model_id} was already used by a {known.op} "
@@ -209,6 +219,15 @@ class Sequencer:
                 f"longer kept (results are kept {limits.RESULT_TTL_S}s); the model is at "
                 f"seq_id {self.applied}"
             )
+        if known.done and known.category == "server" and known.redo_at is not None:
+            # A save that failed on our side (a full disk) wrote nothing: answering its retry
+            # with the same failure would fail it forever, so it is done again.
+            fut = Future(op, model_id, digest)
+            self.store.forget(known)
+            self.window[seq_id] = self.store.add(fut)
+            self.redo.append(Submission(seq_id, fut, body, redo_at=known.redo_at))
+            self._wake.set()
+            return fut
         return known
 
     def _trim(self) -> None:
@@ -233,6 +252,8 @@ class Sequencer:
         gap_since: float | None = None
         while True:
             self._wake.clear()
+            if self.redo:
+                return self.redo.pop(0)
             sub = self.pending.pop(self.applied + 1, None)
             if sub is not None:
                 self.applied += 1

@@ -49,6 +49,9 @@ SEQUENCED = frozenset(
         "load_weights",
     }
 )
+#: Operations that change nothing when they fail on the trainer's side (a checkpoint is
+#: written to a temporary name and renamed): a repeat of a failed one is done again.
+REDOABLE = frozenset({"save_weights", "save_weights_for_sampler"})
 #: Request fields that identify a request rather than say what it asks (ignored by dedupe).
 _ADDRESSING = ("type",)
 #: Parsed datums a submission carries to its operation (stable_reinforce, checked at once).
@@ -71,6 +74,9 @@ class Model:
     optim_steps: int = 0
     #: The last seq_id whose operation finished (applied or failed).
     last_seq: int = 0
+    #: Counts what changed the weights (optimizer steps, loads): a failed save is done again
+    #: only on the weights it failed to save.
+    weights_version: int = 0
     last_used: float = field(default_factory=time.monotonic)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
@@ -401,12 +407,21 @@ class Models:
             try:
                 if model.state is None:
                     sub.future.fail(model.seq.broken or "the model failed to start", "user")
+                elif sub.redo_at is not None and sub.redo_at != model.weights_version:
+                    sub.future.fail(
+                        f"seq_id {sub.seq_id} ({op}) failed on the trainer and the model has "
+                        "trained since: it cannot be saved at its place again; save under a new "
+                        "seq_id",
+                        "user",
+                    )
                 else:
                     handler = self._handlers[op]
                     call = functools.partial(handler, model, sub.body)
                     await ctx.compute.run(sub.future, call, delay)
+                    if op in REDOABLE and sub.future.category == "server":
+                        sub.future.redo_at = model.weights_version
             finally:
-                model.last_seq = sub.seq_id
+                model.last_seq = max(model.last_seq, sub.seq_id)
             log.debug("operation.done", model_id=model.model_id, seq_id=sub.seq_id, op=op)
 
     def _forward_backward(
@@ -449,6 +464,7 @@ class Models:
         except ValueError as exc:
             raise UserError(str(exc)) from None
         model.optim_steps += 1
+        model.weights_version += 1
         return {"type": "optim_step", "metrics": {k: float(v) for k, v in metrics.items()}}
 
     def _save(self, model: Model, body: dict[str, Any], segment: str) -> dict[str, Any]:
@@ -506,6 +522,7 @@ class Models:
         except ValueError as exc:
             raise UserError(f"path: checkpoint {meta.checkpoint}: {exc}") from None
         model.optim_steps = meta.step
+        model.weights_version += 1
         self._continue_lineage(model, meta, with_optimizer)
         runs.write(ctx.cfg.data_dir, model.run)
         log.info("checkpoint.loaded", model_id=model.model_id, name=meta.checkpoint)

@@ -1,4 +1,5 @@
-"""A full disk under a program job (issue 32): the program's log directory on a small tmpfs.
+"""A full disk (issue 32): under a program job (its log directory on a small tmpfs), and under
+the trainer platform (its data directory).
 
 What must fail fails saying which path and why; what is done stays done — a program that
 exited 0 is never started again, and its job completes from the checkpoints Shepherd holds
@@ -17,14 +18,20 @@ from typing import Any
 
 import pytest
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import WorkflowFailureError
+from temporalio.client import Client, WorkflowFailureError
 
+from localplane.process import PlaneProcess
+from shepherd.client import Shepherd
 from shepherd.models import JobStatus
 from shepherd.phases import Phase
 from shepherd.states import JobState
-from tests.helpers import wait_state
-from tests.workflows.conftest import Stack
+from tests.conftest import BASELINE
+from tests.helpers import fill, wait_state
+from tests.workflows.conftest import Stack, stack_on
 from tests.workflows.test_programs import program_starts, promoted_digest, sft_spec
+from tests.workflows.test_recovery import model_digest
+from tests.workflows.test_server_outage import STEPS
+from tests.workflows.test_server_outage import spec as outage_spec
 
 #: Big enough for a short run's logs, small enough to fill in a blink.
 SIZE = "256k"
@@ -135,3 +142,49 @@ async def test_a_program_whose_own_write_fails_on_a_full_disk_says_why(
     assert f"could not be written to {output}" in message, message
     assert await program_starts(handle) == 1
     await wait_state(stack.account.client, status.trainer_job_id or "", JobState.DELETED)
+
+
+@pytest.mark.slow
+async def test_a_job_whose_platform_disk_fills_says_why_and_completes_once_space_is_freed(
+    client: Client, stack: Stack, small_disk: Path
+) -> None:
+    """The trainer platform's data directory fills while a loop job trains: the checkpoint it
+    next saves fails, and ``shepherd status`` says so — the save retrying, the platform's words:
+    no space left, under which directory. Freed, the same save succeeds (the trainer does a
+    failed save again when it is retried), and the job completes with a clean run's weights on
+    the trainer it started on, which it deletes."""
+    plane = PlaneProcess(small_disk / "plane", config=BASELINE)
+    await asyncio.to_thread(plane.start)
+    try:
+        async with stack_on(client, plane) as near:
+            reference = await stack.start(outage_spec(stack, "ref"))
+            handle = await near.start(outage_spec(near, "full"))
+            job = Shepherd(near.client, task_queue=near.task_queue).get(handle.id)
+            await near.until(handle, lambda s: s.step >= 3 and s.phase is Phase.TRAINING)
+            filler = fill(small_disk)
+            said = await until_retrying(job, "no space left")
+            assert str(plane.data_dir) in said.retrying[0], said.retrying
+            assert said.retrying[0].startswith("save_checkpoint"), said.retrying
+            filler.unlink()
+            async with asyncio.timeout(120):
+                final: JobStatus = await handle.result()
+                await reference.result()
+            assert final.phase is Phase.COMPLETED and final.step == STEPS, final.error
+            assert not final.recoveries and final.failures == 0, final.recoveries
+            assert [c.step for c in final.checkpoints][-1] == STEPS
+            assert await model_digest(near, "full-model") == await model_digest(stack, "ref-model")
+            trainer = (await near.admin.stats())["jobs"][near.job_name(final.trainer_job_id or "")]
+            assert trainer["creates"] == 1 and trainer["trainersStarted"] == 1, trainer
+            assert trainer["state"] == JobState.DELETED.value
+    finally:
+        await asyncio.to_thread(plane.stop)
+
+
+async def until_retrying(job: Any, cause: str) -> JobStatus:
+    """Until ``shepherd status`` shows the job retrying something for ``cause``."""
+    async with asyncio.timeout(60):
+        while True:
+            status: JobStatus = await job.status()
+            if any(cause in r.lower() for r in status.retrying):
+                return status
+            await asyncio.sleep(0.2)
