@@ -23,7 +23,7 @@ from shepherd.phases import Phase
 from shepherd.scheduling import SchedulerState, scheduler_id
 from shepherd.spec import validate_spec
 from shepherd.temporal import TemporalSettings, connect
-from tests.helpers import trainer_pids
+from tests.helpers import fill, trainer_pids
 from tests.replay import replay_since
 from workers.devstack import free_port, http_ok, tcp_open, wait_until
 
@@ -185,6 +185,79 @@ async def test_dev_brings_everything_up_runs_a_job_and_stops_cleanly(tmp_path: P
     assert trainer_pids(state / "plane") == []
     assert_keys_kept_secret(state, out.decode())
     assert str(state / "plane" / "dev-api-key") in out.decode()  # where the key is, instead
+
+
+@pytest.mark.slow
+async def test_a_full_disk_under_the_stack_says_where_and_its_job_goes_on_once_freed(
+    small_disk: Path, tmp_path: Path
+) -> None:
+    """The state directory (the Temporal database, the plane's checkpoints, the logs) on a
+    small tmpfs, filled while a job trains: Temporal serves nothing — ``shepherd dev`` says
+    the disk under its state directory is full, and the CLI's error names it instead of
+    asking whether the stack runs; freed, the stack says so and the job completes."""
+    ports = {"temporal": free_port(), "ui": free_port(), "plane": free_port()}
+    ready, state, output = tmp_path / "ready.json", small_disk / "state", tmp_path / "dev.out"
+    with open(output, "wb") as out:  # noqa: ASYNC230 - a local file, opened once
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                *("-m", "shepherd.cli.main", "dev", "--state-dir", str(state)),
+                *("--temporal-port", str(ports["temporal"]), "--ui-port", str(ports["ui"])),
+                *("--plane-port", str(ports["plane"]), "--ready-file", str(ready)),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    said = output.read_text
+    try:
+        wait_until(ready.exists, "shepherd dev", timeout=90, proc=proc)
+        info = json.loads(ready.read_text())
+        client = await connect(TemporalSettings(address=info["temporal"]))
+        spec = validate_spec(
+            {
+                "name": "disk",
+                "trainer": {
+                    "base_model": "accounts/fireworks/models/qwen3-8b",
+                    "extra_args": ["--compute-delay-ms=100"],
+                },
+                "training": {"total_steps": 40},
+                "checkpoint": {"every_steps": 10},
+                "output": {"model_id": "disk-model"},
+            }
+        )
+        handle = await start_job(client, spec, task_queue=info["task_queue"])
+        async with asyncio.timeout(60):
+            while (await handle.query("status")).get("step", 0) < 3:
+                await asyncio.sleep(0.2)
+        filler = fill(small_disk)
+        wait_until(lambda: f"the disk under {state} is full" in said(), "the warning", timeout=15)
+        shown = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "shepherd.cli.main", "status", handle.id],
+            env={
+                **os.environ,
+                "SHEPHERD_STATE_DIR": str(state),
+                "TEMPORAL_ADDRESS": info["temporal"],
+            },
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert shown.returncode == 3, shown.stdout + shown.stderr
+        assert f"the disk under {state} is full" in shown.stderr, shown.stderr
+        assert "where its database lives" in shown.stderr, shown.stderr
+        assert "is `shepherd dev` running" not in shown.stderr
+        filler.unlink()
+        wait_until(lambda: f"space is back under {state}" in said(), "the all-clear", timeout=15)
+        async with asyncio.timeout(120):
+            result = await handle.result()
+        assert result.phase is Phase.COMPLETED and result.step == 40 and result.model is not None
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    assert proc.returncode == 0, said()
+    assert not any(_alive(pid) for pid in info["pids"].values())
+    assert trainer_pids(state / "plane") == []
 
 
 def test_demo_succeeds(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -516,13 +516,15 @@ def lock_state_dir(state_dir: Path, stack_file: str) -> Any:
     return handle
 
 
-def run_until_signalled(is_dead: Any) -> str:
-    """Block until SIGINT/SIGTERM (returns "signal") or a service dies (returns its name).
-    Either way the caller stops the services next, so from the return on, signals no longer
-    interrupt (see :class:`StopSignals`)."""
+def run_until_signalled(is_dead: Any, tick: Callable[[], None] | None = None) -> str:
+    """Block until SIGINT/SIGTERM (returns "signal") or a service dies (returns its name),
+    calling ``tick`` meanwhile. Either way the caller stops the services next, so from the
+    return on, signals no longer interrupt (see :class:`StopSignals`)."""
     SIGNALS.install()
     try:
         while not (name := is_dead()):
+            if tick is not None:
+                tick()
             time.sleep(0.2)
         SIGNALS.begin_stop()
         return str(name)

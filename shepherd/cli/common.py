@@ -54,7 +54,7 @@ STACK_FILE = "stack.json"
 def dev_stack_info() -> dict[str, Any] | None:
     """The addresses a running ``shepherd dev`` wrote, when it is the stack this command
     talks to (the same Temporal address); else None."""
-    path = Path(os.environ.get("SHEPHERD_STATE_DIR", ".shepherd")) / STACK_FILE
+    path = _state_dir() / STACK_FILE
     try:
         info = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -63,6 +63,20 @@ def dev_stack_info() -> dict[str, Any] | None:
     if not isinstance(info, dict) or not same_address(info.get("temporal"), address):
         return None  # that stack is not the one this command talks to
     return info
+
+
+def _why_unreachable() -> str:
+    """The likely cause of a server that does not serve: the local dev stack's full disk
+    (its database lives there), else the stack not running."""
+    from shepherd import diskroom
+
+    if dev_stack_info() is not None and (said := diskroom.shortage(_state_dir())):
+        return f"{said}, where its database lives: free space there and it serves again"
+    return "is `shepherd dev` running? (TEMPORAL_ADDRESS or --address)"
+
+
+def _state_dir() -> Path:
+    return Path(os.environ.get("SHEPHERD_STATE_DIR", ".shepherd"))
 
 
 #: Names of this machine's loopback interface: the dev stack records 127.0.0.1, the
@@ -114,7 +128,7 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     except JobNotFound as exc:
         fail(str(exc), EXIT_NOT_FOUND)
     except TemporalUnreachable as exc:
-        fail(f"{exc}; is `shepherd dev` running? (TEMPORAL_ADDRESS or --address)", EXIT_UNREACHABLE)
+        fail(f"{exc}; {_why_unreachable()}", EXIT_UNREACHABLE)
     except (JobFailed, JobEnded) as exc:
         fail(str(exc), EXIT_FAILED)
     except WorkflowUpdateFailedError as exc:
@@ -126,10 +140,7 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
         if exc.status == RPCStatusCode.NOT_FOUND:
             fail(f"not found: {exc.message}", EXIT_NOT_FOUND)
         if exc.status in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED):
-            fail(
-                f"cannot reach Temporal ({exc.message}); is `shepherd dev` running? (TEMPORAL_ADDRESS)",
-                EXIT_UNREACHABLE,
-            )
+            fail(f"cannot reach Temporal ({exc.message}); {_why_unreachable()}", EXIT_UNREACHABLE)
         fail(f"{exc.status.name if exc.status else 'error'}: {exc.message}", EXIT_FAILED)
     except KeyError as exc:
         fail(str(exc.args[0]) if exc.args else "not found", EXIT_NOT_FOUND)
@@ -137,8 +148,5 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
         fail(str(exc), EXIT_INVALID)
     except RuntimeError as exc:
         if "connect" in str(exc).lower():
-            fail(
-                f"cannot reach Temporal: {exc}; is `shepherd dev` running? (TEMPORAL_ADDRESS)",
-                EXIT_UNREACHABLE,
-            )
+            fail(f"cannot reach Temporal: {exc}; {_why_unreachable()}", EXIT_UNREACHABLE)
         raise

@@ -310,6 +310,7 @@ def dev(
     """Start the whole embedded stack in the foreground: the Temporal dev server with its Web UI,
     localplane and a worker. Ctrl-C (or SIGTERM) stops all of them."""
     from localplane.plane import ADMIN_KEY_FILE, API_KEY_FILE
+    from shepherd import diskroom
     from shepherd.cli.common import STACK_FILE, fail
     from workers.devstack import (
         SIGNALS,
@@ -362,7 +363,9 @@ def dev(
         write_ready(ready_file, info)
         write_ready(state_dir / STACK_FILE, info)  # the CLI's Web UI links follow this stack
         wrote_stack_file = True
-        why = run_until_signalled(stack.dead)
+        # A full disk there stalls everything and only this process can say why.
+        disk = diskroom.Watch(state_dir, lambda said: typer.echo(said, err=True))
+        why = run_until_signalled(stack.dead, tick=disk.check)
     except Stopping:
         why = "signal"
     except (RuntimeError, TimeoutError, OSError) as exc:
