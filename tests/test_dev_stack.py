@@ -231,18 +231,18 @@ async def test_a_full_disk_under_the_stack_says_where_and_its_job_goes_on_once_f
                 await asyncio.sleep(0.2)
         filler = fill(small_disk)
         wait_until(lambda: f"the disk under {state} is full" in said(), "the warning", timeout=15)
-        shown = await asyncio.to_thread(
-            subprocess.run,
-            [sys.executable, "-m", "shepherd.cli.main", "status", handle.id],
-            env={
-                **os.environ,
-                "SHEPHERD_STATE_DIR": str(state),
-                "TEMPORAL_ADDRESS": info["temporal"],
-            },
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        # Reads are served until a write fails and the server closes its shard: ask until the
+        # CLI is refused.
+        env = {**os.environ, "SHEPHERD_STATE_DIR": str(state), "TEMPORAL_ADDRESS": info["temporal"]}
+        status_cmd = [sys.executable, "-m", "shepherd.cli.main", "status", handle.id]
+        async with asyncio.timeout(90):
+            while True:
+                shown = await asyncio.to_thread(
+                    subprocess.run, status_cmd, env=env, capture_output=True, text=True, timeout=60
+                )
+                if shown.returncode != 0:
+                    break
+                await asyncio.sleep(1)
         assert shown.returncode == 3, shown.stdout + shown.stderr
         assert f"the disk under {state} is full" in shown.stderr, shown.stderr
         assert "where its database lives" in shown.stderr, shown.stderr

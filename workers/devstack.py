@@ -181,6 +181,8 @@ class TemporalServer:
     bind: str | None = None
     #: Runs it on such a host (``host.prefix()``).
     prefix: list[str] = field(default_factory=list)
+    #: More ``start-dev`` flags (a test's own server limits).
+    flags: list[str] = field(default_factory=list)
 
     @classmethod
     def on_host(cls, host: Host, state_dir: Path, **settings: Any) -> TemporalServer:
@@ -217,6 +219,7 @@ class TemporalServer:
             "warn",
             *search_attributes.server_flags(),
             *TIMER_FLAGS,
+            *self.flags,
         ]
         cmd += (
             ["--headless"]

@@ -390,11 +390,15 @@ def check_verified(final: JobStatus) -> None:
     checkpoint (restored from the model's creation) with its step in flight has nothing the
     lost trainer reported at the step the redo ends at: it may say None (not verified), never
     False. So may one whose restore the next loss struck before it ended (the next recovery
-    restores and verifies instead): the job went no further in between — no checkpoint."""
+    restores and verifies instead): the job went no further in between — no checkpoint. And
+    so may one that struck its trainer's first step after the previous restore, in flight:
+    that trainer reported no digest to compare with."""
     cut = superseded(final)
-    for r in final.recoveries:
+    previous = [None, *final.recoveries[:-1]]
+    for r, prev in zip(final.recoveries, previous, strict=True):
         before = [c.step for c in final.checkpoints if c.saved_at and c.saved_at < r.started_at]
-        if before and r.number not in cut:
+        first_step_lost = prev is not None and r.at_step - prev.at_step <= 1
+        if before and r.number not in cut and not first_step_lost:
             assert r.weights_verified is True, (r, before)
         else:
             assert r.weights_verified is not False, r
