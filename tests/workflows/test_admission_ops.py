@@ -122,7 +122,10 @@ async def test_a_worker_serves_admission_and_job_metrics(stack: Stack, tmp_path:
         SHEPHERD_METRICS_REFRESH="0.5",
     )
     with worker_process(stack, queue, tmp_path, "metrics", **env):
-        first = await start_job(stack.client, spec(stack, "mfirst", backend, 30), task_queue=queue)
+        # Long enough that the state below outlasts the figures' staleness: a refresh waits
+        # for every running scheduler's answer, up to a query timeout (5 s) for one whose
+        # worker is gone — the shared test server keeps other tests' schedulers.
+        first = await start_job(stack.client, spec(stack, "mfirst", backend, 60), task_queue=queue)
         stack.handles.append(first)
         await stack.until(first, lambda s: s.trainer_job_id is not None, 60)  # it holds the slot
         second = await start_job(stack.client, spec(stack, "msecond", backend, 5), task_queue=queue)
