@@ -1094,22 +1094,6 @@ class Shepherd:
         return out
 
 
-__all__ = [
-    "JobEnded",
-    "JobFailed",
-    "JobNotFound",
-    "JobPlan",
-    "SweepHandle",
-    "JobHandle",
-    "JobSummary",
-    "Shepherd",
-    "SpecError",
-    "SubmissionRefused",
-    "TemporalUnreachable",
-    "WorkflowExecutionStatus",
-]
-
-
 def retrying(pending: Any) -> list[str]:
     """Each of a job's activities that failed and waits for its next attempt: which, how
     many times, the last error (its first line) and when it tries again."""
@@ -1124,3 +1108,19 @@ def retrying(pending: Any) -> list[str]:
             when = f"; next in {max(left.total_seconds(), 0):.0f}s"
         out.append(f"{p.activity_type.name} (attempt {p.attempt}{when}): {cause}"[:500])
     return out
+
+
+__all__ = [
+    "JobEnded",
+    "JobFailed",
+    "JobNotFound",
+    "JobPlan",
+    "SweepHandle",
+    "JobHandle",
+    "JobSummary",
+    "Shepherd",
+    "SpecError",
+    "SubmissionRefused",
+    "TemporalUnreachable",
+    "WorkflowExecutionStatus",
+]

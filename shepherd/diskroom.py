@@ -40,7 +40,10 @@ def _size(n: int) -> str:
 def shortage(path: Path) -> str | None:
     """What to say about the disk under ``path`` when it has less than ``LOW_BYTES`` free
     (None: it has room, or there is no such directory)."""
-    free = free_bytes(path)
+    return _said(path, free_bytes(path))
+
+
+def _said(path: Path, free: int | None) -> str | None:
     level = _level(free)
     if level is None or free is None:
         return None
@@ -68,12 +71,13 @@ class Watch:
         if now < self._next:
             return
         self._next = now + CHECK_EVERY_S
-        level = _level(free_bytes(self.path))
+        free = free_bytes(self.path)
+        level = _level(free)
         if level == self.level:
             return
         if level is not None:
             self.say(
-                f"warning: {shortage(self.path)}: Temporal cannot write its database there "
+                f"warning: {_said(self.path, free)}: Temporal cannot write its database there "
                 "(temporal.db) once it is full, nor the plane its checkpoints, nor the logs — "
                 "jobs wait, and go on once space is freed"
             )

@@ -34,7 +34,7 @@ log = structlog.stdlib.get_logger("localplane.trainer")
 class Compute:
     """The trainer's one compute thread and how an operation's outcome settles its future."""
 
-    def __init__(self, data_dir: Path | None = None) -> None:
+    def __init__(self, data_dir: Path) -> None:
         #: Where the trainer writes (checkpoints): named when a write finds the disk full.
         self.data_dir = data_dir
         self._gpu = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute")
@@ -57,7 +57,7 @@ class Compute:
             fut.fail(str(exc), "user")
         except Exception as exc:
             log.exception("operation.crashed", op=fut.op, request_id=fut.request_id)
-            full = disk_full(exc, self.data_dir) if self.data_dir else None
+            full = disk_full(exc, self.data_dir)
             cause = full.message if full else f"{type(exc).__name__}: {exc}"
             fut.fail(f"trainer error in {fut.op}: {cause}", "server")
         finally:
@@ -79,7 +79,8 @@ class TrainerContext:
     #: The tokenizer every model names in ``get_info`` (the base model's, on disk).
     tokenizer_dir: Path
     futures: FutureStore = field(default_factory=FutureStore)
-    compute: Compute = field(default_factory=Compute)
+    #: The compute thread, writing under ``cfg.data_dir``.
+    compute: Compute = field(init=False)
     #: The event loop the tables live on, once the service started (see :meth:`after`).
     loop: asyncio.AbstractEventLoop | None = None
     #: What holds memory against the trainer's budget: each part's byte count, summed by
@@ -96,7 +97,7 @@ class TrainerContext:
         return ckpts.Caller(self.cfg.data_dir, self.cfg.account, self.cfg.job, lineage, run)
 
     def __post_init__(self) -> None:
-        self.compute.data_dir = self.compute.data_dir or self.cfg.data_dir
+        self.compute = Compute(self.cfg.data_dir)
 
     def bytes_in_use(self) -> int:
         return sum(nbytes() for nbytes in self.holders)

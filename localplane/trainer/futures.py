@@ -44,8 +44,9 @@ class Future:
     finished: float | None = None
     #: Set once the result was dropped (too old): retrieval answers 410, dedupe refuses.
     dropped: bool = False
-    #: A save that failed on the trainer's side (nothing written): the model's weights
-    #: version then. A repeat of its seq_id at that version does it again (see ``Sequencer``).
+    #: A save that failed on the trainer's side (nothing written), or its repeat done again:
+    #: the model's weights version it is for. A repeat of its seq_id does it again (see
+    #: ``Sequencer``), refused once the weights changed.
     redo_at: int | None = None
     #: Called when the store forgets this future (dedupe tables drop their entry with it).
     on_forget: list[Callable[[Future], None]] = field(default_factory=list)
@@ -142,8 +143,6 @@ class Submission:
     seq_id: int
     future: Future
     body: dict[str, Any]
-    #: A failed save done again: the weights version it must still find (else it is refused).
-    redo_at: int | None = None
 
 
 class SequenceError(Exception):
@@ -222,10 +221,10 @@ class Sequencer:
         if known.done and known.category == "server" and known.redo_at is not None:
             # A save that failed on our side (a full disk) wrote nothing: answering its retry
             # with the same failure would fail it forever, so it is done again.
-            fut = Future(op, model_id, digest)
+            fut = Future(op, model_id, digest, redo_at=known.redo_at)
             self.store.forget(known)
             self.window[seq_id] = self.store.add(fut)
-            self.redo.append(Submission(seq_id, fut, body, redo_at=known.redo_at))
+            self.redo.append(Submission(seq_id, fut, body))
             self._wake.set()
             return fut
         return known

@@ -407,7 +407,7 @@ class Models:
             try:
                 if model.state is None:
                     sub.future.fail(model.seq.broken or "the model failed to start", "user")
-                elif sub.redo_at is not None and sub.redo_at != model.weights_version:
+                elif sub.future.redo_at not in (None, model.weights_version):
                     sub.future.fail(
                         f"seq_id {sub.seq_id} ({op}) failed on the trainer and the model has "
                         "trained since: it cannot be saved at its place again; save under a new "

@@ -231,15 +231,20 @@ async def open_stack(
 
 @contextlib.asynccontextmanager
 async def stack_on(client: Client, plane: PlaneProcess) -> AsyncIterator[Stack]:
-    """A stack on a plane of the test's own (started by the test), as its ``dev`` account."""
+    """A stack on a plane of the test's own, as its ``dev`` account: the plane is started
+    here and stopped after."""
     from shepherd.platform import PlatformClient
 
-    async with (
-        PlaneAdmin(plane.url, plane.admin_key) as admin,
-        PlatformClient(plane.url, plane.api_key) as platform,
-        open_stack(client, plane, admin, Account("dev", plane.api_key, platform)) as st,
-    ):
-        yield st
+    await asyncio.to_thread(plane.start)
+    try:
+        async with (
+            PlaneAdmin(plane.url, plane.admin_key) as admin,
+            PlatformClient(plane.url, plane.api_key) as platform,
+            open_stack(client, plane, admin, Account("dev", plane.api_key, platform)) as st,
+        ):
+            yield st
+    finally:
+        await asyncio.to_thread(plane.stop)
 
 
 @pytest.fixture

@@ -154,30 +154,26 @@ async def test_a_job_whose_platform_disk_fills_says_why_and_completes_once_space
     failed save again when it is retried), and the job completes with a clean run's weights on
     the trainer it started on, which it deletes."""
     plane = PlaneProcess(small_disk / "plane", config=BASELINE)
-    await asyncio.to_thread(plane.start)
-    try:
-        async with stack_on(client, plane) as near:
-            reference = await stack.start(outage_spec(stack, "ref"))
-            handle = await near.start(outage_spec(near, "full"))
-            job = Shepherd(near.client, task_queue=near.task_queue).get(handle.id)
-            await near.until(handle, lambda s: s.step >= 3 and s.phase is Phase.TRAINING)
-            filler = fill(small_disk)
-            said = await until_retrying(job, "no space left")
-            assert str(plane.data_dir) in said.retrying[0], said.retrying
-            assert said.retrying[0].startswith("save_checkpoint"), said.retrying
-            filler.unlink()
-            async with asyncio.timeout(120):
-                final: JobStatus = await handle.result()
-                await reference.result()
-            assert final.phase is Phase.COMPLETED and final.step == STEPS, final.error
-            assert not final.recoveries and final.failures == 0, final.recoveries
-            assert [c.step for c in final.checkpoints][-1] == STEPS
-            assert await model_digest(near, "full-model") == await model_digest(stack, "ref-model")
-            trainer = (await near.admin.stats())["jobs"][near.job_name(final.trainer_job_id or "")]
-            assert trainer["creates"] == 1 and trainer["trainersStarted"] == 1, trainer
-            assert trainer["state"] == JobState.DELETED.value
-    finally:
-        await asyncio.to_thread(plane.stop)
+    async with stack_on(client, plane) as near:
+        reference = await stack.start(outage_spec(stack, "ref"))
+        handle = await near.start(outage_spec(near, "full"))
+        job = Shepherd(near.client, task_queue=near.task_queue).get(handle.id)
+        await near.until(handle, lambda s: s.step >= 3 and s.phase is Phase.TRAINING)
+        filler = fill(small_disk)
+        said = await until_retrying(job, "no space left")
+        assert str(plane.data_dir) in said.retrying[0], said.retrying
+        assert said.retrying[0].startswith("save_checkpoint"), said.retrying
+        filler.unlink()
+        async with asyncio.timeout(120):
+            final: JobStatus = await handle.result()
+            await reference.result()
+        assert final.phase is Phase.COMPLETED and final.step == STEPS, final.error
+        assert not final.recoveries and final.failures == 0, final.recoveries
+        assert [c.step for c in final.checkpoints][-1] == STEPS
+        assert await model_digest(near, "full-model") == await model_digest(stack, "ref-model")
+        trainer = (await near.admin.stats())["jobs"][near.job_name(final.trainer_job_id or "")]
+        assert trainer["creates"] == 1 and trainer["trainersStarted"] == 1, trainer
+        assert trainer["state"] == JobState.DELETED.value
 
 
 async def until_retrying(job: Any, cause: str) -> JobStatus:

@@ -50,13 +50,11 @@ async def far_plane(client: Client, tmp_path: Path) -> AsyncIterator[tuple[Stack
             env={"SHEPHERD_PLANE_HOST": host.far_ip},
             prefix=host.prefix(),
         )
-        await asyncio.to_thread(plane.start)
-        try:
-            async with stack_on(client, plane) as st:
+        async with stack_on(client, plane) as st:
+            try:
                 yield st, host
-        finally:
-            host.heal()  # (a failed test may leave it cut: the plane must stop cleanly)
-            await asyncio.to_thread(plane.stop)
+            finally:
+                host.heal()  # (a failed test may leave it cut: the stack must stop cleanly)
 
 
 @pytest.fixture

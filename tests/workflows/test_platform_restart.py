@@ -38,12 +38,8 @@ async def own_stack(
 ) -> AsyncIterator[tuple[Stack, PlaneProcess]]:
     """A stack on a plane of this test's own (the session's is never restarted)."""
     plane = PlaneProcess(tmp_path / "plane", config={**BASELINE, "trainerProtobuf": False})
-    await asyncio.to_thread(plane.start)
-    try:
-        async with stack_on(client, plane) as st:
-            yield st, plane
-    finally:
-        await asyncio.to_thread(plane.stop)
+    async with stack_on(client, plane) as st:
+        yield st, plane
 
 
 async def restart(plane: PlaneProcess) -> None:
