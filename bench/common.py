@@ -301,6 +301,38 @@ async def open_training_client(
     )
 
 
+# ------------------------------------------------------------------- a program job
+# history.py and outage.py run examples/programs/tinker_sft.py, unmodified, as a program job.
+
+ROOT = Path(__file__).resolve().parent.parent
+PROGRAM = "tinker-sft"
+PROGRAM_SCRIPT = ROOT / "examples" / "programs" / "tinker_sft.py"
+#: The program's LoRA rank (the script's default).
+PROGRAM_RANK = 4
+
+
+def program_env(root: Path) -> dict[str, str]:
+    """The worker's environment for the program (tests/workflows/test_programs.py's
+    ``programs_env``): the script registered, its log directories under ``root``, offline
+    (the plane's trainers must speak JSON only: ``trainerProtobuf: false``)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))  # tests/ (the offline cache)
+    from tests.plane import cookbook_support as cb  # noqa: PLC0415 - bench/ is not a package
+
+    registration = {
+        PROGRAM: {
+            "script": str(PROGRAM_SCRIPT),
+            "total_steps_arg": "steps",
+            "log_dir_arg": "log_dir",
+        }
+    }
+    return {
+        "SHEPHERD_PROGRAMS": json.dumps(registration),
+        "SHEPHERD_PROGRAM_DIR": str(root / "programs"),
+        **cb.offline_env(cb.hf_home(root)),
+    }
+
+
 # ------------------------------------------------------ one supervised job, two ways
 # overhead.py and sdk_compare.py run the same job bare (a client, no workflow) and through
 # Shepherd: these are its settings, its trainer, its spec and its loop context, once.

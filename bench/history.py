@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
 import os
 import subprocess
@@ -63,26 +62,26 @@ from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.worker import Worker
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/ (the offline cache)
-
-from shepherd import binaries  # noqa: E402
-from shepherd.models import JobStatus  # noqa: E402
-from shepherd.phases import Phase  # noqa: E402
-from shepherd.spec import JobSpec, PoliciesSpec, validate_spec  # noqa: E402
-from tests.plane import cookbook_support as cb  # noqa: E402
-from workers.devstack import TIMER_FLAGS  # noqa: E402
-from workflows import policies  # noqa: E402
+from shepherd import binaries
+from shepherd.models import JobStatus
+from shepherd.phases import Phase
+from shepherd.spec import JobSpec, PoliciesSpec, validate_spec
+from workers.devstack import TIMER_FLAGS
+from workflows import policies
 
 # isort: split
 # bench/ is sys.path[0] when a script runs as `python bench/<name>.py`: not a package import.
-from common import (  # noqa: E402
+from common import (
     BASE_MODEL,
+    PROGRAM,
+    PROGRAM_RANK,
     Runner,
     Stack,
     log,
     machine,
     no_plot,
     positive,
+    program_env,
     pyplot,
     r3,
     run_main,
@@ -92,14 +91,11 @@ from common import (  # noqa: E402
     supervised_settings,
     supervised_spec,
 )
-from history_probe import HistoryProbe, ProbeInput, ProbeResult  # noqa: E402
+from history_probe import HistoryProbe, ProbeInput, ProbeResult
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "bench" / "out" / "history.png"
-SCRIPT = ROOT / "examples" / "programs" / "tinker_sft.py"
-PROGRAM = "tinker-sft"
-#: The program's LoRA rank (the script's default) and the loop's batch (bench/crash.py's).
-PROGRAM_RANK = 4
+#: The loop's batch (bench/crash.py's).
 LOOP_BATCH = 4
 PLANE_CONFIG: dict[str, Any] = {"capacity": 2, "bootDelaySeconds": 0.0}
 KINDS = ("program", "loop")
@@ -231,19 +227,6 @@ def loop_spec(args: argparse.Namespace) -> JobSpec:
     return supervised_spec("history-loop", settings, args.step_ms, {})
 
 
-def program_env(root: Path) -> dict[str, str]:
-    """The worker's environment for the program (tests/workflows/test_programs.py's
-    ``programs_env``): the script registered, its log directories under ``root``, offline."""
-    registration = {
-        PROGRAM: {"script": str(SCRIPT), "total_steps_arg": "steps", "log_dir_arg": "log_dir"}
-    }
-    return {
-        "SHEPHERD_PROGRAMS": json.dumps(registration),
-        "SHEPHERD_PROGRAM_DIR": str(root / "programs"),
-        **cb.offline_env(cb.hf_home(root)),
-    }
-
-
 @dataclass
 class Job:
     kind: str
@@ -311,7 +294,7 @@ async def run_job(st: Stack, runner: Runner, job: Job, window_s: float) -> None:
         if job.at_cancel.step <= 0:
             # TRAINING and yet no step reported: the events are not a training hour's.
             raise RuntimeError("no optimizer step reported in the whole window (status step 0)")
-    except Exception as exc:  # noqa: BLE001 - reported, the other job's figures still count
+    except Exception as exc:
         job.error = f"{type(exc).__name__}: {exc}"
         log(f"{job.kind}: {job.error}")
 
@@ -740,7 +723,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             try:
                 probe = await probe_server(st, args.probe_limit)
                 log(f"suggested at {probe.result.suggested_at} ({probe.seconds:.1f} s)")
-            except Exception as exc:  # noqa: BLE001 - the jobs' figures still count
+            except Exception as exc:
                 probe_error = f"{type(exc).__name__}: {exc}"
                 log(f"probe failed: {probe_error}")
             async with shepherd_worker(st, "history", events=args.events) as runner:
@@ -828,7 +811,7 @@ def plot(out: Path, report: dict[str, Any]) -> dict[str, Any]:
     """Never loses the report: a plot that cannot be drawn is said so in it."""
     try:
         return draw(out, report)
-    except Exception as exc:  # noqa: BLE001 - the JSON matters more
+    except Exception as exc:
         log(f"plot not drawn: {type(exc).__name__}: {exc}")
         return {"written": False, "path": None, "note": f"{type(exc).__name__}: {exc}"}
 

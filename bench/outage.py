@@ -7,7 +7,9 @@ A stack started here: the Temporal dev server as ``shepherd dev`` runs it (its o
 SQLite file), localplane, and one in-process worker connected as production's is (the
 worker's retry policy, ``SERVER_CALL_RETRY``; the event bridge on). ``--jobs`` loop jobs train
 (``--step-ms`` of emulated GPU time per step, a checkpoint every 10); once each is past step 5
-the fault strikes for ``--down`` seconds:
+the fault strikes for ``--down`` seconds. With ``--kind program`` the jobs are program jobs
+instead: examples/programs/tinker_sft.py, unmodified, behind Shepherd's data-plane proxy (a
+checkpoint every 10 steps; JSON-only trainers, as hosted ones are):
 
 * ``server``: the server is SIGKILLed and started again on its database — the workers are
   left alone. In the ``recovering`` case the first job's trainer is preempted just before the
@@ -30,9 +32,9 @@ retried, and the recoveries the job recorded (a partition must start none).
 
 Prints one JSON document on stdout (progress on stderr). Run:
 ``.venv/bin/python bench/outage.py [--fault server|platform|server-link] [--down 15,180]
-[--cases training,recovering] [--runs 1] [--jobs 3]``; a smoke run: ``--down 5 --cases
-training``; the partitions of the issue: ``--fault platform --down 30,180 --cases training``
-and ``--fault server-link --down 30,180``.
+[--cases training,recovering] [--runs 1] [--jobs 3] [--kind loop|program]``; a smoke run:
+``--down 5 --cases training``; the partitions of the issue: ``--fault platform --down 30,180
+--cases training`` (and ``--kind program``) and ``--fault server-link --down 30,180``.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import tempfile
 import time
 import uuid
@@ -63,12 +66,28 @@ from workers.devstack import TemporalServer, free_port, tcp_open
 
 # isort: split
 # bench/ is sys.path[0] when a script runs as `python bench/<name>.py`: not a package import.
-from common import Runner, Stack, log, machine, no_plot, positive, r3, run_main, shepherd_worker
+from common import (
+    PROGRAM,
+    PROGRAM_RANK,
+    Runner,
+    Stack,
+    log,
+    machine,
+    no_plot,
+    positive,
+    program_env,
+    r3,
+    run_main,
+    shepherd_worker,
+)
 
 #: Progress after the fault ends, at most (issue 32).
 TARGETS_S = {"server": 10.0, "platform": 5.0, "server-link": 5.0}
 CASES = ("training", "recovering")
 FAULTS = tuple(TARGETS_S)
+KINDS = ("loop", "program")
+#: Steps a job is asked for: more than any run takes (each is cancelled after its fault).
+MANY_STEPS = 100_000
 
 
 @dataclass
@@ -84,8 +103,11 @@ class Rig:
 
 
 @contextlib.asynccontextmanager
-async def rig(directory: Path, fault: str) -> AsyncIterator[Rig]:
+async def rig(directory: Path, fault: str, kind: str) -> AsyncIterator[Rig]:
     async with contextlib.AsyncExitStack() as stack:
+        if kind == "program":
+            # The in-process worker reads the registration; the program inherits the rest.
+            os.environ.update(program_env(directory))
         host = stack.enter_context(hosts.host(watch=True)) if fault != "server" else None
         far_server = host if fault == "server-link" else None
         far_plane = host if fault == "platform" else None
@@ -97,7 +119,7 @@ async def rig(directory: Path, fault: str) -> AsyncIterator[Rig]:
         )
         plane = PlaneProcess(
             directory / "plane",
-            config={"capacity": 16},
+            config={"capacity": 16, "trainerProtobuf": kind != "program"},
             env={"SHEPHERD_PLANE_HOST": "0.0.0.0"} if far_plane else None,  # noqa: S104 - its own host
             prefix=far_plane.prefix() if far_plane else None,
         )
@@ -119,16 +141,21 @@ async def rig(directory: Path, fault: str) -> AsyncIterator[Rig]:
         yield Rig(server, st, runner, host)
 
 
-async def start_job(r: Rig, name: str, step_ms: float) -> WorkflowHandle[Any, JobStatus]:
+async def start_job(r: Rig, name: str, step_ms: float, kind: str) -> WorkflowHandle[Any, JobStatus]:
+    trainer: dict[str, Any] = {
+        "base_model": "accounts/fireworks/models/qwen3-8b",
+        "extra_args": [f"--compute-delay-ms={step_ms:g}"],
+    }
+    training: dict[str, Any] = {"total_steps": MANY_STEPS}
+    if kind == "program":
+        trainer["lora_rank"] = PROGRAM_RANK
+        training = {"program": PROGRAM, "args": {"steps": MANY_STEPS}}
     return await r.runner.start(
         validate_spec(
             {
                 "name": name,
-                "trainer": {
-                    "base_model": "accounts/fireworks/models/qwen3-8b",
-                    "extra_args": [f"--compute-delay-ms={step_ms:g}"],
-                },
-                "training": {"total_steps": 100_000},
+                "trainer": trainer,
+                "training": training,
                 "checkpoint": {"every_steps": 10, "keep_last": 2},
                 "output": {"promote": "none"},
             }
@@ -202,7 +229,9 @@ async def history_counts(handle: WorkflowHandle[Any, Any]) -> dict[str, int]:
 
 async def one_run(r: Rig, case: str, down_s: float, args: argparse.Namespace) -> dict[str, Any]:
     tag = uuid.uuid4().hex[:4]
-    handles = [await start_job(r, f"{case}-{i}-{tag}", args.step_ms) for i in range(args.jobs)]
+    handles = [
+        await start_job(r, f"{case}-{i}-{tag}", args.step_ms, args.kind) for i in range(args.jobs)
+    ]
     statuses = [await until_training(h, 5) for h in handles]
     names = {
         h.id: r.stack.job_name(s.trainer_job_id or "")
@@ -271,7 +300,7 @@ async def one_run(r: Rig, case: str, down_s: float, args: argparse.Namespace) ->
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
     runs = []
     with tempfile.TemporaryDirectory(prefix="bench-outage-") as tmp:
-        async with rig(Path(tmp), args.fault) as r:
+        async with rig(Path(tmp), args.fault, args.kind) as r:
             for down_s in args.down:
                 for case in args.cases:
                     for _ in range(args.runs):
@@ -289,6 +318,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         "machine": machine(),
         "settings": {
             "fault": args.fault,
+            "kind": args.kind,
             "down_s": args.down,
             "cases": args.cases,
             "runs": args.runs,
@@ -317,6 +347,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--fault", choices=FAULTS, default="server", help="what goes away")
     parser.add_argument("--down", default="15,180", help="outage lengths, seconds")
     parser.add_argument("--cases", default=",".join(CASES), help="training and/or recovering")
+    parser.add_argument("--kind", choices=KINDS, default="loop", help="loop or program jobs")
     parser.add_argument("--runs", type=positive(int), default=1, help="runs per case and length")
     parser.add_argument("--jobs", type=positive(int), default=3, help="jobs training")
     parser.add_argument("--step-ms", type=positive(float), default=200.0, help="GPU ms per step")

@@ -276,6 +276,21 @@ _TRANSIENT = RetryPolicy(
 )
 
 
+# A control-plane call that makes or brings back a trainer (create, resume), retried while
+# the platform cannot be reached or answers 5xx: every 1, 2, 4 s, then every 5 s — it lands
+# <= 5 s after the platform is back — for as long as the job lets a trainer take to come up
+# (schedule-to-close: its ready_timeout, 15 min by default). _TRANSIENT's ten attempts
+# (~2.5 min, 30 s apart at the end) were outlasted by a 3-minute partition mid-recovery: the
+# recovery was counted a trainer failure (issue 32).
+_PLATFORM_AWAY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=5),
+    maximum_attempts=0,
+    non_retryable_error_types=PERMANENT,
+)
+
+
 # After a route 404 outlasted one attempt's probing (WARMUP_ATTEMPT_BUDGET), the gateway
 # is slow rather than racing: back off in seconds, until the warm-up timeout.
 _WARM_UP_RETRY = RetryPolicy(
@@ -460,7 +475,11 @@ class Policies:
         return cls(
             lookup=ActivityPolicy(start_to_close=timedelta(seconds=45), retry=_TRANSIENT),
             # One POST, idempotent by the trainer id.
-            create_trainer=ActivityPolicy(start_to_close=timedelta(seconds=45), retry=_TRANSIENT),
+            create_trainer=ActivityPolicy(
+                start_to_close=timedelta(seconds=45),
+                schedule_to_close=p.ready_timeout,
+                retry=_PLATFORM_AWAY,
+            ),
             wait_placement=_poll(p.poll_interval, p.pending_timeout),
             wait_running=_poll(p.poll_interval, p.ready_timeout),
             # Deaths settle in seconds; poll at least every 2 s, give up at the ready timeout.
@@ -491,7 +510,11 @@ class Policies:
                 schedule_to_close=p.warmup_timeout + p.step_timeout + timedelta(minutes=1),
                 retry=_WARM_UP_RETRY,
             ),
-            resume_trainer=ActivityPolicy(start_to_close=timedelta(seconds=45), retry=_TRANSIENT),
+            resume_trainer=ActivityPolicy(
+                start_to_close=timedelta(seconds=45),
+                schedule_to_close=p.ready_timeout,
+                retry=_PLATFORM_AWAY,
+            ),
             promote=ActivityPolicy(start_to_close=timedelta(minutes=2), retry=_TRANSIENT),
             wait_model=_poll(timedelta(seconds=2), timedelta(hours=1)),
             publish=ActivityPolicy(

@@ -127,6 +127,7 @@ async def recover(ctx: JobContext, work: TrainerWork, lost: Lost) -> None:
                 ctx.ref(),
                 ctx.pol.resume_trainer,
                 "resume the trainer",
+                timeout_type="RecoveryTimeout",
             )
             ctx.observe(resumed)
         ctx.set_phase(Phase.QUEUED)  # (only the stage changes: no command)

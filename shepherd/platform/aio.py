@@ -69,6 +69,7 @@ class AiohttpTransport:
         data_plane: bool = False,
         timeout: float | None = None,
         headers: Mapping[str, str] | None = None,
+        silence: float | None = None,
     ) -> Any:
         query = {k: str(v) for k, v in (params or {}).items() if v is not None}
         data = None if json_body is None else json.dumps(json_body).encode()
@@ -78,6 +79,9 @@ class AiohttpTransport:
         limit = aiohttp.ClientTimeout(
             total=timeout if timeout is not None else self._timeout,
             connect=self._connect_timeout,
+            # Counted from the request's last byte written, reset by each read: silence
+            # from the peer, not an upload's length.
+            sock_read=silence,
         )
         try:
             async with self._open().request(

@@ -116,7 +116,13 @@ class Transport(Protocol):
         data_plane: bool = False,
         timeout: float | None = None,
         headers: Mapping[str, str] | None = None,
-    ) -> Any: ...
+        silence: float | None = None,
+    ) -> Any:
+        """``timeout``: the request's bound (None: the transport's default); ``silence``:
+        how long the peer may send nothing once the request is written (an answer being
+        written resets it; an upload does not count), for requests answered at once by
+        contract or held by the peer (None: only ``timeout``)."""
+        ...
 
 
 class JsonTransport:
@@ -135,13 +141,20 @@ class JsonTransport:
         data_plane: bool = False,
         timeout: float | None = None,
         headers: Mapping[str, str] | None = None,
+        silence: float | None = None,
     ) -> Any:
+        limit: httpx.Timeout | object = httpx.USE_CLIENT_DEFAULT
+        if timeout is not None or silence is not None:
+            # httpx's bounds are per operation: its read bound is a bound on silence.
+            base = self.http.timeout if timeout is None else httpx.Timeout(timeout)
+            read = base.read if silence is None else min(silence, base.read or silence)
+            limit = httpx.Timeout(connect=base.connect, read=read, write=base.write, pool=base.pool)
         request = self.http.build_request(
             method,
             url,
             params={k: v for k, v in (params or {}).items() if v is not None},
             json=json_body,
-            timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+            timeout=limit,  # type: ignore[arg-type]
             headers=headers,
         )
         try:
@@ -549,8 +562,10 @@ class TrainerClient:
         *,
         params: Mapping[str, Any] | None = None,
         timeout: float | None = None,
+        silence: float | None = None,
     ) -> Any:
-        """Any endpoint of the trainer's API (``path`` relative to ``api/v1/``), once."""
+        """Any endpoint of the trainer's API (``path`` relative to ``api/v1/``), once
+        (``timeout``, ``silence``: :meth:`Transport.request`'s)."""
         return await self._t.request(
             method,
             f"{self.base_url}/api/v1/{path}",
@@ -558,6 +573,7 @@ class TrainerClient:
             json_body=body,
             data_plane=True,
             timeout=timeout,
+            silence=silence,
         )
 
     async def _post(self, path: str, body: Any, *, timeout: float | None = None) -> Any:

@@ -25,7 +25,7 @@ async def submit(core: Core, model: Model, op: Op, up: Upstream) -> None:
     tseq = model.next_tseq
     body = _trainer_body(core, model, op, tseq)
     try:
-        ticket = await up.call("POST", endpoint(op), body)
+        ticket = await up.submit(endpoint(op), body)
     except PlatformError as exc:
         if exc.status_code and 400 <= exc.status_code < 500:
             raise await core.refusal(up, exc) from None

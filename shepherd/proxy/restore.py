@@ -69,7 +69,7 @@ async def ensure_model(
             body["path"] = core.ids.trainer_path(path)
     body.update({"session_id": tsession, "model_seq_id": mseq})
     try:
-        ticket = await up.call("POST", kind, body)
+        ticket = await up.submit(kind, body)
     except PlatformError as exc:
         if exc.status_code and 400 <= exc.status_code < 500:
             raise await core.refusal(up, exc) from None

@@ -96,7 +96,7 @@ async def send(core: Core, op: Op, up: Upstream) -> None:
         if isinstance(body.get("model_path"), str):
             body["model_path"] = core.ids.trainer_path(body["model_path"])
         try:
-            ticket = await up.call("POST", "asample", body)
+            ticket = await up.submit("asample", body)
             break
         except PlatformError as exc:
             if not (exc.status_code and 400 <= exc.status_code < 500):
@@ -167,7 +167,7 @@ async def _remake(core: Core, sampler: Sampler, up: Upstream) -> None:
                 sent["path"] = core.ids.trainer_path(sent["path"])
             if op.op == "forward_backward":
                 core.spans.translate(sent)
-            tickets.append(await up.call("POST", endpoint(op), sent))
+            tickets.append(await up.submit(endpoint(op), sent))
         for ticket in tickets:
             answer = await core.await_trainer(up, str(ticket["request_id"]))
             if "error" in answer:
@@ -178,7 +178,7 @@ async def _remake(core: Core, sampler: Sampler, up: Upstream) -> None:
             "sampling_session_seq_id": sampler.session.next_sampler_seq,
         }
         sampler.session.next_sampler_seq += 1
-        ticket = await up.call("POST", "save_weights_for_sampler", save)
+        ticket = await up.submit("save_weights_for_sampler", save)
         answer = await core.await_trainer(up, str(ticket["request_id"]))
         if "error" in answer:
             raise Refused(400, "FAILED_PRECONDITION", f"remaking: {answer['error']}")
@@ -196,7 +196,7 @@ async def _scratch_model(
     core: Core, up: Upstream, kind: str, body: dict[str, Any], default: str
 ) -> str:
     """A scratch model made by ``kind`` (create_model or load_weights): its trainer id."""
-    ticket = await up.call("POST", kind, body)
+    ticket = await up.submit(kind, body)
     answer = await core.await_trainer(up, str(ticket["request_id"]))
     if "error" in answer:
         raise Refused(400, "FAILED_PRECONDITION", f"remaking: {answer['error']}")

@@ -9,7 +9,12 @@ Every failure of the route is put to the control plane before it means anything:
 * a ``404``, connection error, 5xx or timeout while the job is *not* RUNNING means the trainer
   is gone: :class:`TrainerGone`, which the proxy turns into a ``trainer_lost`` event;
 * a connection error or 5xx while the job is RUNNING is a blip: sent again shortly, within
-  the call's timeout (the trainer dedupes a sequenced operation on its ``seq_id``).
+  the call's timeout (the trainer dedupes a sequenced operation on its ``seq_id``);
+* a submission (answered at once: §4) or a held ``retrieve_future`` poll that goes unanswered
+  for ``DATA_PLANE_SILENCE_S`` is sent again on a new connection, as the loops' client does
+  (issue 32): a connection that went dark under a partition is noticed by that bound, not left
+  to TCP's backed-off retransmissions (a poll held when the link went dark otherwise waited out
+  its 45 s timeout: 15 s idle after a 30 s cut).
 
 Everything else (a 400 refusal, a 401) is raised as the platform client's typed error.
 """
@@ -34,6 +39,7 @@ from shepherd.platform import (
     TrainerClient,
     Unavailable,
 )
+from shepherd.platform.client import DATA_PLANE_SILENCE_S
 from shepherd.proxy.settings import TRAINER_POLL_TIMEOUT_S, TRANSIENT_RETRY_S, ProxySettings
 from shepherd.states import JobState
 
@@ -124,9 +130,10 @@ class Upstream:
         *,
         params: dict[str, Any] | None = None,
         timeout: float | None = None,
+        silence: float | None = None,
     ) -> Any:
         """One request to the trainer (``path`` relative to ``api/v1/``), sent again through
-        the route race and blips; see the module's doc."""
+        the route race and blips; see the module's doc (``silence``: the transport's)."""
         settings = self._settings
         deadline = time.monotonic() + settings.call_timeout_s
         races = 0
@@ -136,7 +143,7 @@ class Upstream:
                 raise Detached(path)
             try:
                 return await self._trainer.request(
-                    method, path, payload, params=params, timeout=timeout
+                    method, path, payload, params=params, timeout=timeout, silence=silence
                 )
             except RouteNotFound:
                 if self.closed:
@@ -175,11 +182,26 @@ class Upstream:
                     raise
                 await asyncio.sleep(TRANSIENT_RETRY_S)
 
+    async def submit(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Submit one operation (answered at once with its future: §4); the trainer's ticket
+        (its ``request_id``, and what else it says). Sent again, the same body, each time it
+        goes unanswered for the silence bound."""
+        ticket = await self.call("POST", path, body, silence=DATA_PLANE_SILENCE_S)
+        if not isinstance(ticket, dict) or not isinstance(ticket.get("request_id"), str | int):
+            raise InternalError(f"{path}: the trainer answered without a request_id")
+        return ticket
+
     async def poll(self, request_id: str) -> dict[str, Any]:
         """One ``retrieve_future`` poll: the result, an ``{"error", "category"}`` body, or a
-        ``try_again`` (also for a held poll that timed out client-side)."""
+        ``try_again`` (also for a held poll that timed out client-side, or went unanswered
+        for the silence bound: the trainer holds a pending one ~20 s, so a pending future is
+        asked again every ``DATA_PLANE_SILENCE_S``)."""
         answer = await self.call(
-            "POST", "retrieve_future", {"request_id": request_id}, timeout=TRAINER_POLL_TIMEOUT_S
+            "POST",
+            "retrieve_future",
+            {"request_id": request_id},
+            timeout=TRAINER_POLL_TIMEOUT_S,
+            silence=DATA_PLANE_SILENCE_S,
         )
         if not isinstance(answer, dict):
             raise InternalError(f"retrieve_future answered {answer!r}"[:300])

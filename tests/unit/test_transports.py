@@ -52,8 +52,19 @@ async def _serve() -> tuple[web.AppRunner, str]:
         await asyncio.sleep(5)
         return web.json_response({})
 
+    async def trickle(request: web.Request) -> web.StreamResponse:
+        # An answer written slowly, never silent for long: 6 pieces 0.15 s apart.
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        for piece in ['{"a": ', "1", ", ", '"b"', ": 2", "}"]:
+            await asyncio.sleep(0.15)
+            await response.write(piece.encode())
+        await response.write_eof()
+        return response
+
     app = web.Application()
     for path, handler in [
+        ("trickle", trickle),
         ("ok", ok),
         ("empty", empty),
         ("missing", route_missing),
@@ -133,6 +144,17 @@ async def test_a_timeout_and_a_refused_connection_are_retryable(trainer: Trainer
         await gone.request("GET", "ok")
     assert refused.value.retryable
     assert KEY not in str(refused.value)
+
+
+async def test_silence_is_bounded_and_a_slow_answer_is_not_silence(
+    trainer: TrainerClient,
+) -> None:
+    """``silence``: how long the peer may send nothing (the proxy's bound on a connection gone
+    dark), not how long the answer takes: an answer written over 0.9 s in pieces 0.15 s apart
+    passes a 0.5 s silence bound; a peer silent for 5 s does not."""
+    with pytest.raises(errors.RequestTimeout):  # (it would answer after 5 s)
+        await trainer.request("GET", "slow", timeout=30.0, silence=0.3)
+    assert await trainer.request("GET", "trickle", silence=0.5) == {"a": 1, "b": 2}
 
 
 async def _silent_first() -> tuple[web.AppRunner, str, list[dict[str, Any]]]:

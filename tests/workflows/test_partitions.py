@@ -10,9 +10,11 @@ measured by ``bench/outage.py --fault platform|server-link`` (never timed here).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from temporalio.client import Client
@@ -29,6 +31,7 @@ from tests.conftest import BASELINE
 from tests.helpers import Account
 from tests.replay import replay_since
 from tests.workflows.conftest import Stack, make_registry, open_stack, stack_on, worker_for
+from tests.workflows.test_programs import per_step, printed, program_starts, sft_spec, until_printed
 from tests.workflows.test_recovery import model_digest
 from tests.workflows.test_server_outage import SLOW, jobs_through
 from workers.devstack import TemporalServer, free_port
@@ -36,17 +39,21 @@ from workers.main import WORKFLOWS
 
 #: The suite's short cut (bench/outage.py --fault platform cuts for 30 s and 3 minutes).
 CUT_S = 8.0
+#: The program's steps: it is still training when the link heals.
+PROGRAM_STEPS = 20
 
 
-@pytest.fixture
-async def far_plane(client: Client, tmp_path: Path) -> AsyncIterator[tuple[Stack, hosts.Host]]:
+@contextlib.asynccontextmanager
+async def far_stack(
+    client: Client, directory: Path, **config: Any
+) -> AsyncIterator[tuple[Stack, hosts.Host]]:
     """A stack whose plane (and its trainers) runs on a host of its own."""
     if why := hosts.unavailable():
         pytest.skip(why)
     with hosts.host() as host:
         plane = PlaneProcess(
-            tmp_path / "plane",
-            config=BASELINE,
+            directory,
+            config={**BASELINE, **config},
             env={"SHEPHERD_PLANE_HOST": host.far_ip},
             prefix=host.prefix(),
         )
@@ -55,6 +62,21 @@ async def far_plane(client: Client, tmp_path: Path) -> AsyncIterator[tuple[Stack
                 yield st, host
             finally:
                 host.heal()  # (a failed test may leave it cut: the stack must stop cleanly)
+
+
+@pytest.fixture
+async def far_plane(client: Client, tmp_path: Path) -> AsyncIterator[tuple[Stack, hosts.Host]]:
+    async with far_stack(client, tmp_path / "plane") as far:
+        yield far
+
+
+@pytest.fixture
+async def far_program_plane(
+    client: Client, tmp_path: Path, programs_env: Path
+) -> AsyncIterator[tuple[Stack, hosts.Host]]:
+    """A far plane whose trainers speak JSON only (as ``programs_env`` makes the session's)."""
+    async with far_stack(client, tmp_path / "plane", trainerProtobuf=False) as far:
+        yield far
 
 
 @pytest.fixture
@@ -106,6 +128,35 @@ async def test_jobs_training_and_recovering_through_a_cut_from_the_server_lose_n
     """The worker cut from a server that stays up (a regression test: it costs little)."""
     near, host = far_server
     await jobs_through(cut_for(host), near, stack, request)
+
+
+@pytest.mark.slow
+async def test_a_program_training_through_a_cut_from_the_platform_loses_nothing(
+    far_program_plane: tuple[Stack, hosts.Host], stack: Stack, programs_env: Path
+) -> None:
+    """A program job behind Shepherd's proxy, cut from its trainer mid-training: the proxy
+    sends again what went unanswered (its submissions and held polls are bounded by
+    ``DATA_PLANE_SILENCE_S``), nothing else happens. The program is never started again, no
+    recovery is started for a trainer that never stopped, and every step is applied once
+    (its per-step losses and weight digests are an uninterrupted run's, on the session's
+    plane). ``bench/outage.py --fault platform --kind program`` measures the stall."""
+    near, host = far_program_plane
+    clean = await stack.start(sft_spec(stack, "clean", steps=PROGRAM_STEPS))
+    cut = await near.start(sft_spec(near, "cut", steps=PROGRAM_STEPS))
+    await until_printed(programs_env, cut, 5)
+    await cut_for(host)()
+    async with asyncio.timeout(240):
+        final: JobStatus = await cut.result()
+        await clean.result()
+
+    assert final.phase is Phase.COMPLETED and final.step == PROGRAM_STEPS, final.error
+    assert not final.recoveries and final.failures == 0, final.recoveries
+    assert await program_starts(cut) == 1
+    assert per_step(printed(programs_env, cut)) == per_step(printed(programs_env, clean))
+    stats = (await near.admin.stats())["jobs"]
+    trainer = stats[near.job_name(final.trainer_job_id or "")]
+    assert trainer["creates"] == 1 and trainer["trainersStarted"] == 1, trainer
+    assert trainer["state"] == JobState.DELETED.value
 
 
 #: Long enough that the heal finds the job still training (the stale worker wakes up to a
