@@ -572,8 +572,7 @@ class ProgramApi:
                 "submit the request again",
             )
         if not op.done:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(op.answered.wait(), self.settings.retrieve_hold_s)
+            await self.core.hold(op.answered, self.settings.retrieve_hold_s)
         if not op.done:
             attached = self.core.up is not None
             answer: dict[str, Any] = {

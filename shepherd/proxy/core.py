@@ -121,6 +121,9 @@ class Core:
         self._tasks: set[asyncio.Task[Any]] = set()
         #: The current generation's pollers (cancelled when it ends).
         self._pollers: set[asyncio.Task[Any]] = set()
+        #: The program's polls held open (:meth:`hold`).
+        self._holds: set[asyncio.Future[Any]] = set()
+        self._holds_released = False
         #: Whether the trainer is asked for the job's model's weights digests (no more once
         #: it reports none).
         self.ask_digests = settings.record_digests
@@ -235,6 +238,25 @@ class Core:
                 continue
             except TrainerGone as exc:
                 self.lose(up, exc)
+
+    async def hold(self, event: asyncio.Event, seconds: float) -> None:
+        """Until ``event`` is set, ``seconds`` pass, or the proxy closes (:meth:`release_holds`):
+        a program's held poll. Released at close, it is answered (``try_again``) instead of
+        being cancelled by the HTTP server's shutdown (logged as an error for each)."""
+        if self._holds_released:
+            return
+        waiting = asyncio.ensure_future(event.wait())
+        self._holds.add(waiting)
+        try:
+            await asyncio.wait({waiting}, timeout=seconds)
+        finally:
+            self._holds.discard(waiting)
+            waiting.cancel()
+
+    def release_holds(self) -> None:
+        self._holds_released = True
+        for waiting in list(self._holds):
+            waiting.cancel()
 
     def idle_for(self) -> float | None:
         """How long the attached trainer has had nothing of the program's to do: no request

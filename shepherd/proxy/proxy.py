@@ -98,6 +98,7 @@ class ProgramProxy:
     async def close(self) -> None:
         """Stop serving (the program's requests fail from now on) and every task."""
         self._core.detach("closed")
+        self._core.release_holds()  # (after the detach: a poll answered now says try_again)
         await self._server.stop()
         await self._core.cancel_tasks()
         await self.drain_events()  # events already emitted are delivered before the end

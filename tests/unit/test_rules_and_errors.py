@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import httpx
 import pytest
 
@@ -163,3 +165,22 @@ def test_future_outcomes_map_to_the_workflow_s_error_types() -> None:
         policies.TRAINER_BEHIND,
         True,
     )
+
+
+@pytest.mark.parametrize("ready", [timedelta(minutes=1), timedelta(minutes=15), timedelta(hours=2)])
+def test_a_trainer_is_made_or_resumed_through_any_platform_outage_within_its_ready_timeout(
+    ready: timedelta,
+) -> None:
+    """A 3-minute partition mid-recovery outlasted ten attempts of resume_trainer (issue 32):
+    create and resume are retried without a count, at most 5 s apart (so they land within
+    5 s of the platform's return), until the job's ready_timeout."""
+    from shepherd.spec import PoliciesSpec  # noqa: PLC0415 - the workflow side's
+    from workflows.policies import Policies  # noqa: PLC0415
+
+    pol = Policies.for_spec(PoliciesSpec(ready_timeout=ready), chunk_steps=10)
+    for policy in (pol.create_trainer, pol.resume_trainer):
+        assert policy.retry.maximum_attempts == 0
+        assert policy.retry.maximum_interval is not None
+        assert policy.retry.maximum_interval <= timedelta(seconds=5)
+        assert policy.schedule_to_close == ready
+        assert "TrainerLost" in (policy.retry.non_retryable_error_types or [])

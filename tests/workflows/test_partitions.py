@@ -1,11 +1,12 @@
 """Partitions (issue 32), with test hosts of our own (localplane/hosts.py: a cut drops packets,
 refuses nothing): the trainer platform on one, cut from the worker while the Temporal server
-sees both; and the Temporal server on one, cut from the worker (and the plane) while jobs
+sees both (loop jobs and a program job behind Shepherd's proxy); and the Temporal server on one, cut from the worker (and the plane) while jobs
 train and one recovers. The jobs complete with the weights of an uninterrupted run, one
 trainer each, and no recovery is started for a trainer that never stopped: a data-plane
 request that went unanswered is sent again after ``DATA_PLANE_SILENCE_S`` (the trainer dedupes
 it), not left to TCP's backed-off retransmissions. How long jobs stall after the heal is
-measured by ``bench/outage.py --fault platform|server-link`` (never timed here)."""
+measured by ``bench/outage.py --fault platform|server-link [--kind program]`` (never timed
+here)."""
 
 from __future__ import annotations
 
@@ -39,8 +40,9 @@ from workers.main import WORKFLOWS
 
 #: The suite's short cut (bench/outage.py --fault platform cuts for 30 s and 3 minutes).
 CUT_S = 8.0
-#: The program's steps: it is still training when the link heals.
-PROGRAM_STEPS = 20
+#: The program's steps (~0.1 s each): it is still training when the loops are past step 5
+#: and the link is cut.
+PROGRAM_STEPS = 80
 
 
 @contextlib.asynccontextmanager
@@ -65,16 +67,11 @@ async def far_stack(
 
 
 @pytest.fixture
-async def far_plane(client: Client, tmp_path: Path) -> AsyncIterator[tuple[Stack, hosts.Host]]:
-    async with far_stack(client, tmp_path / "plane") as far:
-        yield far
-
-
-@pytest.fixture
-async def far_program_plane(
+async def far_plane(
     client: Client, tmp_path: Path, programs_env: Path
 ) -> AsyncIterator[tuple[Stack, hosts.Host]]:
-    """A far plane whose trainers speak JSON only (as ``programs_env`` makes the session's)."""
+    """A far plane whose trainers speak JSON only (as ``programs_env`` makes the session's):
+    loop jobs and program jobs alike train on it."""
     async with far_stack(client, tmp_path / "plane", trainerProtobuf=False) as far:
         yield far
 
@@ -113,12 +110,40 @@ def cut_for(host: hosts.Host) -> Callable[[], Awaitable[None]]:
 
 
 @pytest.mark.slow
-async def test_jobs_training_through_a_cut_from_the_platform_lose_nothing(
-    far_plane: tuple[Stack, hosts.Host], stack: Stack, request: pytest.FixtureRequest
+async def test_jobs_and_a_program_training_through_a_cut_from_the_platform_lose_nothing(
+    far_plane: tuple[Stack, hosts.Host],
+    stack: Stack,
+    programs_env: Path,
+    request: pytest.FixtureRequest,
 ) -> None:
+    """Three loop jobs and a program job (behind Shepherd's proxy, whose submissions and held
+    polls are bounded by ``DATA_PLANE_SILENCE_S`` too) cut from their trainers mid-training.
+    The program is never started again, and every step of it is applied once: its per-step
+    losses and weight digests are an uninterrupted run's, on the session's plane."""
     near, host = far_plane
+    clean = await stack.start(sft_spec(stack, "clean", steps=PROGRAM_STEPS))
+    program = await near.start(sft_spec(near, "cut", steps=PROGRAM_STEPS))
+    steps_at_cut: list[int] = []
+
+    async def cut() -> None:
+        await until_printed(programs_env, program, 5)
+        steps_at_cut.append(len(per_step(printed(programs_env, program))))
+        await cut_for(host)()
+
     # No preemption: a recovery here would be one for a trainer that never stopped.
-    await jobs_through(cut_for(host), near, stack, request, recovering=False)
+    await jobs_through(cut, near, stack, request, recovering=False)
+    async with asyncio.timeout(240):
+        final: JobStatus = await program.result()
+        await clean.result()
+
+    assert steps_at_cut[0] < PROGRAM_STEPS  # the cut found the program training
+    assert final.phase is Phase.COMPLETED and final.step == PROGRAM_STEPS, final.error
+    assert not final.recoveries and final.failures == 0, final.recoveries
+    assert await program_starts(program) == 1
+    assert per_step(printed(programs_env, program)) == per_step(printed(programs_env, clean))
+    trainer = (await near.admin.stats())["jobs"][near.job_name(final.trainer_job_id or "")]
+    assert trainer["creates"] == 1 and trainer["trainersStarted"] == 1, trainer
+    assert trainer["state"] == JobState.DELETED.value
 
 
 @pytest.mark.slow
@@ -128,35 +153,6 @@ async def test_jobs_training_and_recovering_through_a_cut_from_the_server_lose_n
     """The worker cut from a server that stays up (a regression test: it costs little)."""
     near, host = far_server
     await jobs_through(cut_for(host), near, stack, request)
-
-
-@pytest.mark.slow
-async def test_a_program_training_through_a_cut_from_the_platform_loses_nothing(
-    far_program_plane: tuple[Stack, hosts.Host], stack: Stack, programs_env: Path
-) -> None:
-    """A program job behind Shepherd's proxy, cut from its trainer mid-training: the proxy
-    sends again what went unanswered (its submissions and held polls are bounded by
-    ``DATA_PLANE_SILENCE_S``), nothing else happens. The program is never started again, no
-    recovery is started for a trainer that never stopped, and every step is applied once
-    (its per-step losses and weight digests are an uninterrupted run's, on the session's
-    plane). ``bench/outage.py --fault platform --kind program`` measures the stall."""
-    near, host = far_program_plane
-    clean = await stack.start(sft_spec(stack, "clean", steps=PROGRAM_STEPS))
-    cut = await near.start(sft_spec(near, "cut", steps=PROGRAM_STEPS))
-    await until_printed(programs_env, cut, 5)
-    await cut_for(host)()
-    async with asyncio.timeout(240):
-        final: JobStatus = await cut.result()
-        await clean.result()
-
-    assert final.phase is Phase.COMPLETED and final.step == PROGRAM_STEPS, final.error
-    assert not final.recoveries and final.failures == 0, final.recoveries
-    assert await program_starts(cut) == 1
-    assert per_step(printed(programs_env, cut)) == per_step(printed(programs_env, clean))
-    stats = (await near.admin.stats())["jobs"]
-    trainer = stats[near.job_name(final.trainer_job_id or "")]
-    assert trainer["creates"] == 1 and trainer["trainersStarted"] == 1, trainer
-    assert trainer["state"] == JobState.DELETED.value
 
 
 #: Long enough that the heal finds the job still training (the stale worker wakes up to a
