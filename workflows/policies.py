@@ -11,7 +11,7 @@ Deterministic code only: imported by the workflow.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
@@ -282,13 +282,7 @@ _TRANSIENT = RetryPolicy(
 # (schedule-to-close: its ready_timeout, 15 min by default). _TRANSIENT's ten attempts
 # (~2.5 min, 30 s apart at the end) were outlasted by a 3-minute partition mid-recovery: the
 # recovery was counted a trainer failure (issue 32).
-_PLATFORM_AWAY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(seconds=5),
-    maximum_attempts=0,
-    non_retryable_error_types=PERMANENT,
-)
+_PLATFORM_AWAY = replace(_TRANSIENT, maximum_interval=timedelta(seconds=5), maximum_attempts=0)
 
 
 # After a route 404 outlasted one attempt's probing (WARMUP_ATTEMPT_BUDGET), the gateway
