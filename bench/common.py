@@ -333,6 +333,26 @@ def program_env(root: Path) -> dict[str, str]:
     }
 
 
+def tinker_sft_spec(
+    name: str, *, steps: int, step_ms: float, checkpoint: dict[str, Any] | None = None
+) -> JobSpec:
+    """The program job (examples/programs/tinker_sft.py): ``steps`` optimizer steps, ``step_ms`` of emulated GPU time each,
+    nothing promoted (``checkpoint``: the spec's section; None: its default)."""
+    return validate_spec(
+        {
+            "name": name,
+            "trainer": {
+                "base_model": BASE_MODEL,
+                "lora_rank": PROGRAM_RANK,
+                "extra_args": [f"--compute-delay-ms={step_ms:g}"],
+            },
+            "training": {"program": PROGRAM, "args": {"steps": steps}},
+            **({"checkpoint": checkpoint} if checkpoint is not None else {}),
+            "output": {"promote": "none"},
+        }
+    )
+
+
 # ------------------------------------------------------ one supervised job, two ways
 # overhead.py and sdk_compare.py run the same job bare (a client, no workflow) and through
 # Shepherd: these are its settings, its trainer, its spec and its loop context, once.

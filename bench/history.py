@@ -65,16 +65,13 @@ from temporalio.worker import Worker
 from shepherd import binaries
 from shepherd.models import JobStatus
 from shepherd.phases import Phase
-from shepherd.spec import JobSpec, PoliciesSpec, validate_spec
+from shepherd.spec import JobSpec, PoliciesSpec
 from workers.devstack import TIMER_FLAGS
 from workflows import policies
 
 # isort: split
 # bench/ is sys.path[0] when a script runs as `python bench/<name>.py`: not a package import.
 from common import (
-    BASE_MODEL,
-    PROGRAM,
-    PROGRAM_RANK,
     Runner,
     Stack,
     log,
@@ -90,6 +87,7 @@ from common import (
     shepherd_worker,
     supervised_settings,
     supervised_spec,
+    tinker_sft_spec,
 )
 from history_probe import HistoryProbe, ProbeInput, ProbeResult
 
@@ -207,18 +205,7 @@ def window_steps(args: argparse.Namespace) -> int:
 
 
 def program_spec(args: argparse.Namespace) -> JobSpec:
-    return validate_spec(
-        {
-            "name": "history-program",
-            "trainer": {
-                "base_model": BASE_MODEL,
-                "lora_rank": PROGRAM_RANK,
-                "extra_args": [f"--compute-delay-ms={args.step_ms:g}"],
-            },
-            "training": {"program": PROGRAM, "args": {"steps": window_steps(args)}},
-            "output": {"promote": "none"},
-        }
-    )
+    return tinker_sft_spec("history-program", steps=window_steps(args), step_ms=args.step_ms)
 
 
 def loop_spec(args: argparse.Namespace) -> JobSpec:
@@ -294,7 +281,7 @@ async def run_job(st: Stack, runner: Runner, job: Job, window_s: float) -> None:
         if job.at_cancel.step <= 0:
             # TRAINING and yet no step reported: the events are not a training hour's.
             raise RuntimeError("no optimizer step reported in the whole window (status step 0)")
-    except Exception as exc:
+    except Exception as exc:  # reported: the other job's figures still count
         job.error = f"{type(exc).__name__}: {exc}"
         log(f"{job.kind}: {job.error}")
 
@@ -723,7 +710,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             try:
                 probe = await probe_server(st, args.probe_limit)
                 log(f"suggested at {probe.result.suggested_at} ({probe.seconds:.1f} s)")
-            except Exception as exc:
+            except Exception as exc:  # reported: the jobs' figures still count
                 probe_error = f"{type(exc).__name__}: {exc}"
                 log(f"probe failed: {probe_error}")
             async with shepherd_worker(st, "history", events=args.events) as runner:
@@ -811,7 +798,7 @@ def plot(out: Path, report: dict[str, Any]) -> dict[str, Any]:
     """Never loses the report: a plot that cannot be drawn is said so in it."""
     try:
         return draw(out, report)
-    except Exception as exc:
+    except Exception as exc:  # the JSON matters more
         log(f"plot not drawn: {type(exc).__name__}: {exc}")
         return {"written": False, "path": None, "note": f"{type(exc).__name__}: {exc}"}
 

@@ -67,8 +67,7 @@ from workers.devstack import TemporalServer, free_port, tcp_open
 # isort: split
 # bench/ is sys.path[0] when a script runs as `python bench/<name>.py`: not a package import.
 from common import (
-    PROGRAM,
-    PROGRAM_RANK,
+    BASE_MODEL,
     Runner,
     Stack,
     log,
@@ -79,6 +78,7 @@ from common import (
     r3,
     run_main,
     shepherd_worker,
+    tinker_sft_spec,
 )
 
 #: Progress after the fault ends, at most (issue 32).
@@ -88,6 +88,7 @@ FAULTS = tuple(TARGETS_S)
 KINDS = ("loop", "program")
 #: Steps a job is asked for: more than any run takes (each is cancelled after its fault).
 MANY_STEPS = 100_000
+CHECKPOINT = {"every_steps": 10, "keep_last": 2}
 
 
 @dataclass
@@ -142,21 +143,20 @@ async def rig(directory: Path, fault: str, kind: str) -> AsyncIterator[Rig]:
 
 
 async def start_job(r: Rig, name: str, step_ms: float, kind: str) -> WorkflowHandle[Any, JobStatus]:
-    trainer: dict[str, Any] = {
-        "base_model": "accounts/fireworks/models/qwen3-8b",
-        "extra_args": [f"--compute-delay-ms={step_ms:g}"],
-    }
-    training: dict[str, Any] = {"total_steps": MANY_STEPS}
     if kind == "program":
-        trainer["lora_rank"] = PROGRAM_RANK
-        training = {"program": PROGRAM, "args": {"steps": MANY_STEPS}}
+        return await r.runner.start(
+            tinker_sft_spec(name, steps=MANY_STEPS, step_ms=step_ms, checkpoint=CHECKPOINT)
+        )
     return await r.runner.start(
         validate_spec(
             {
                 "name": name,
-                "trainer": trainer,
-                "training": training,
-                "checkpoint": {"every_steps": 10, "keep_last": 2},
+                "trainer": {
+                    "base_model": BASE_MODEL,
+                    "extra_args": [f"--compute-delay-ms={step_ms:g}"],
+                },
+                "training": {"total_steps": MANY_STEPS},
+                "checkpoint": CHECKPOINT,
                 "output": {"promote": "none"},
             }
         )
