@@ -1,21 +1,19 @@
 """Partitions (issue 32), with test hosts of our own (localplane/hosts.py: a cut drops packets,
 refuses nothing): the trainer platform on one, cut from the worker while the Temporal server
-sees both (loop jobs and a program job behind Shepherd's proxy); and the Temporal server on one, cut from the worker (and the plane) while jobs
-train and one recovers. The jobs complete with the weights of an uninterrupted run, one
-trainer each, and no recovery is started for a trainer that never stopped: a data-plane
-request that went unanswered is sent again after ``DATA_PLANE_SILENCE_S`` (the trainer dedupes
-it), not left to TCP's backed-off retransmissions. How long jobs stall after the heal is
-measured by ``bench/outage.py --fault platform|server-link [--kind program]`` (never timed
-here)."""
+sees both (loop jobs and a program job behind Shepherd's proxy); and the Temporal server on
+one, cut from the worker (and the plane) while jobs train and one recovers. The jobs complete
+with the weights of an uninterrupted run, one trainer each, and no recovery is started for a
+trainer that never stopped: a data-plane request that went unanswered is sent again after
+``DATA_PLANE_SILENCE_S`` (the trainer dedupes it), not left to TCP's backed-off
+retransmissions. How long jobs stall after the heal is measured by ``bench/outage.py --fault
+platform|server-link [--kind program]`` (never timed here)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 from temporalio.client import Client
@@ -45,17 +43,18 @@ CUT_S = 8.0
 PROGRAM_STEPS = 80
 
 
-@contextlib.asynccontextmanager
-async def far_stack(
-    client: Client, directory: Path, **config: Any
+@pytest.fixture
+async def far_plane(
+    client: Client, tmp_path: Path, programs_env: Path
 ) -> AsyncIterator[tuple[Stack, hosts.Host]]:
-    """A stack whose plane (and its trainers) runs on a host of its own."""
+    """A stack whose plane (and its trainers) runs on a host of its own; its trainers speak
+    JSON only (as ``programs_env`` makes the session's): loop and program jobs train on it."""
     if why := hosts.unavailable():
         pytest.skip(why)
     with hosts.host() as host:
         plane = PlaneProcess(
-            directory,
-            config={**BASELINE, **config},
+            tmp_path / "plane",
+            config={**BASELINE, "trainerProtobuf": False},
             env={"SHEPHERD_PLANE_HOST": host.far_ip},
             prefix=host.prefix(),
         )
@@ -64,16 +63,6 @@ async def far_stack(
                 yield st, host
             finally:
                 host.heal()  # (a failed test may leave it cut: the stack must stop cleanly)
-
-
-@pytest.fixture
-async def far_plane(
-    client: Client, tmp_path: Path, programs_env: Path
-) -> AsyncIterator[tuple[Stack, hosts.Host]]:
-    """A far plane whose trainers speak JSON only (as ``programs_env`` makes the session's):
-    loop jobs and program jobs alike train on it."""
-    async with far_stack(client, tmp_path / "plane", trainerProtobuf=False) as far:
-        yield far
 
 
 @pytest.fixture
