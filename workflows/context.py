@@ -115,6 +115,8 @@ class JobContext:
         self.resume_checked = False
         self.phase_since = workflow.now()
         self.published_phase: Phase | None = None
+        #: The step the job list shows (its search attribute), as last set by this run.
+        self.published_step: int | None = None
         #: What the lifecycle is doing; the public phase differs only while recovering.
         self.stage: Phase = self.s.stage or self.s.phase
         #: A recovery is bringing the trainer back: its QUEUED/SCHEDULING/PREPARING show as
@@ -300,6 +302,14 @@ class JobContext:
         # Off for namespaces without Shepherd's attributes, where an upsert fails every task.
         if self.visible:
             workflow.upsert_search_attributes(updates)
+
+    def publish_step(self, *, force: bool = False) -> None:
+        """The job's step in the job list (``shepherd list``, the Web UI's columns): a
+        loop's after each chunk (always: the histories it recorded so), a program's at each
+        progress report that moved it."""
+        if force or self.published_step != self.s.step:
+            self.upsert([sa.STEP.value_set(self.s.step)])
+            self.published_step = self.s.step
 
     def set_phase(self, phase: Phase) -> None:
         now = workflow.now()

@@ -22,7 +22,6 @@ from temporalio.exceptions import ActivityError, FailureError, is_cancelled_exce
 with workflow.unsafe.imports_passed_through():
     from activities.checkpoints import CheckpointActivities
     from activities.training import TrainingActivities
-    from shepherd import search_attributes as sa
     from shepherd.curves import add_point
     from shepherd.models import (
         CheckpointRecord,
@@ -98,7 +97,7 @@ class LoopTraining:
             if loss is not None:
                 add_point(ctx.s.loss_curve, result.last_step, loss)
             ctx.s.route_races += result.route_races
-            ctx.upsert([sa.STEP.value_set(ctx.s.step)])
+            ctx.publish_step(force=True)
             ctx.publish()
             if last % every == 0 or last == total:
                 await self.checkpoint(ctx, f"step-{last:08d}")

@@ -49,7 +49,7 @@ with workflow.unsafe.imports_passed_through():
     from shepherd.phases import Phase
     from shepherd.program_metrics import MAX_NAMES as MAX_METRIC_NAMES
     from shepherd.spec import MAX_KEPT_METRICS, PROGRAM_METRICS
-    from workflows import checkpointing, policies, slot
+    from workflows import checkpointing, policies, slot, versions
     from workflows.context import JobContext
     from workflows.flow import DEAD, Lost, PauseNow, Terminal, required
 
@@ -151,6 +151,8 @@ class ProgramTraining:
         for problem in progress.problems:
             ctx.notice(problem)
         self._exited = self._exited or progress.exited
+        if workflow.patched(versions.PROGRAM_STEP_LISTED):
+            ctx.publish_step()
         ctx.publish()
 
     @staticmethod

@@ -33,6 +33,10 @@ SLOT_BACK_WITH_THE_TRAINER = "slot-back-with-the-trainer"
 #: such a loss as a failure at once.
 ASK_THE_PLATFORM_WHY = "ask-the-platform-why"
 
+#: A program job's step is in the job list (its search attribute), set at each progress report
+#: that moves it: jobs before it showed no step there.
+PROGRAM_STEP_LISTED = "program-step-listed"
+
 #: Patches since the baseline, oldest first: (id, what changed, when it may be deprecated).
 PATCHES: tuple[tuple[str, str, str], ...] = (
     (
@@ -49,6 +53,11 @@ PATCHES: tuple[tuple[str, str, str], ...] = (
     (
         ASK_THE_PLATFORM_WHY,
         "a loss without the platform's word waits for it before it is classified",
+        "2026-12-28",
+    ),
+    (
+        PROGRAM_STEP_LISTED,
+        "a program job's progress report sets its step in the job list",
         "2026-12-28",
     ),
 )

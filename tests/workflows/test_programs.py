@@ -25,6 +25,7 @@ from temporalio.client import WorkflowFailureError, WorkflowHandle
 from temporalio.exceptions import CancelledError
 
 from localplane.admin import PlaneAdmin
+from shepherd.client import JobSummary
 from shepherd.models import JobStatus, PauseRequest, PauseResult, ResumeRequest
 from shepherd.phases import Phase
 from shepherd.platform import NotFound
@@ -99,6 +100,8 @@ async def test_a_plain_tinker_script_runs_unchanged_as_a_job(
     trainer = stats["jobs"][stack.job_name(final.trainer_job_id or "")]
     assert trainer["creates"] == 1 and not trainer["liveTrainer"]
     assert set(k.split(":")[0] for k in trainer["dataPlane"]) == {"json"}  # translated
+    # The job list (search attributes, no worker needed) shows the program's step too.
+    assert JobSummary.from_execution(await handle.describe()).step == 12
     # The program's output is in the job's story.
     logs = await run_cli("logs", handle.id, stack=stack)
     assert logs.returncode == 0, logs.stderr
