@@ -219,6 +219,12 @@ class SchedulerWorkflow:
         self.s.waiting.append(ask)
         self.dirty = True
 
+    @workflow.signal(name="asks")
+    def asks(self, asks: list[Ask]) -> None:
+        """Several jobs' asks in one signal (a worker sends its asks so: activities/scheduling.py)."""
+        for one in asks:
+            self.ask(one)
+
     @workflow.signal(name="release")
     def release(self, release: Release) -> None:
         held = self.s.holders.get(release.job)
