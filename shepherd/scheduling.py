@@ -485,6 +485,13 @@ def task_priority(priority: int) -> Priority:
     return Priority(priority_key=5 - round(priority * 4 / 10))
 
 
+#: The task priority of work on a trainer a job holds (its activities from the create on):
+#: ahead of every job's intake and waits. Each second such a task waits, a GPU idles; and a
+#: burst of thousands of new jobs (their first tasks at their own priority) made the running
+#: jobs' tasks wait minutes behind it (5,000 submitted at once: 8 admissions in 700 s).
+HOLDING_PRIORITY = Priority(priority_key=1)
+
+
 def scheduler_id(backend: str) -> str:
     """The scheduler workflow of a backend."""
     return f"shepherd-scheduler-{backend}"

@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any, NoReturn, TypeVar
 
 from temporalio import workflow
+from temporalio.common import Priority
 from temporalio.exceptions import (
     ActivityError,
     ApplicationError,
@@ -39,7 +40,7 @@ with workflow.unsafe.imports_passed_through():
         TrainerSession,
     )
     from shepherd.phases import Phase
-    from shepherd.scheduling import task_priority
+    from shepherd.scheduling import HOLDING_PRIORITY, task_priority
     from shepherd.states import JobState
     from workflows import policies
     from workflows.flow import Lost, Terminal, required
@@ -179,7 +180,12 @@ class JobContext:
         queue = self.queue
         if policy.waits:
             queue = policies.waits_queue(queue or workflow.info().task_queue)
-        return {**policy.options(), "task_queue": queue, "priority": self.priority}
+        return {**policy.options(), "task_queue": queue, "priority": self.task_priority()}
+
+    def task_priority(self) -> Priority:
+        """Temporal's priority for the job's next activity: its own (``scheduling.priority``)
+        until it holds a trainer, then ahead of every job that holds none."""
+        return HOLDING_PRIORITY if self.trainer_live else self.priority
 
     async def act(
         self,

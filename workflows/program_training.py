@@ -104,7 +104,7 @@ class ProgramTraining:
             self._input(ctx, adopt=True),
             **ctx.pol.adopt_program.options(),
             task_queue=policies.hold_queue(self._queue),
-            priority=ctx.priority,
+            priority=ctx.task_priority(),
             cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
             summary=f"adopt program {ctx.spec.training.program}",
         )

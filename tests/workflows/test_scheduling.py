@@ -22,7 +22,13 @@ from localplane.admin import PlaneAdmin
 from localplane.process import PlaneProcess
 from shepherd.models import JobStatus, PauseRequest, PauseResult, ResumeRequest
 from shepherd.phases import Phase
-from shepherd.scheduling import QueueConfig, SchedulerState, scheduler_id
+from shepherd.scheduling import (
+    HOLDING_PRIORITY,
+    QueueConfig,
+    SchedulerState,
+    scheduler_id,
+    task_priority,
+)
 from tests.helpers import Account
 from tests.workflows.conftest import KEY_ENV, Stack, open_stack
 from tests.workflows.test_recovery import model_digest
@@ -125,6 +131,16 @@ async def scheduler(stack: Stack, backend: str) -> SchedulerState:
                 if exc.status != RPCStatusCode.NOT_FOUND:
                     raise
             await asyncio.sleep(0.1)
+
+
+async def activity_priorities(handle: WorkflowHandle[Any, Any]) -> dict[str, set[int]]:
+    """Each activity type the job ran -> the task priority keys it was scheduled with."""
+    keys: dict[str, set[int]] = {}
+    async for e in handle.fetch_history_events():
+        if e.HasField("activity_task_scheduled_event_attributes"):
+            a = e.activity_task_scheduled_event_attributes
+            keys.setdefault(a.activity_type.name, set()).add(a.priority.priority_key)
+    return keys
 
 
 async def phase_of(stack: Stack, handle: WorkflowHandle[Any, Any]) -> Phase:
@@ -254,9 +270,15 @@ async def test_every_ending_gives_the_slot_back(sched: Stack, backend: str) -> N
                 await asyncio.sleep(0.1)
 
     # Completed.
-    done = await sched.start(job(sched, "done", backend, steps=5))
+    done = await sched.start(job(sched, "done", backend, steps=5, priority=2))
     await done.result()
     await free()
+    # Its tasks ran at its own priority until it held a trainer, then ahead of all that
+    # hold none (a GPU idles while they wait).
+    keys = await activity_priorities(done)
+    assert keys["ask_for_slot"] == {task_priority(2).priority_key} != {1}, keys
+    for held in ("create_trainer", "open_model", "train_chunk", "save_checkpoint"):
+        assert keys[held] == {HOLDING_PRIORITY.priority_key}, keys
     # Cancelled while holding it, and while waiting for it.
     holder = await sched.start(job(sched, "held", backend, steps=500))
     await held_by(holder)
