@@ -51,7 +51,9 @@ from scale import (
     BOOT_DELAY_S,
     ROUTE_LAG_S,
     WorkerProcess,
+    add_worker_env,
     job_spec,
+    parse_worker_env,
     start_workers,
     stop_workers,
 )
@@ -104,7 +106,7 @@ async def run_one(n: int, args: argparse.Namespace) -> dict[str, Any]:
         "bootDelaySeconds": BOOT_DELAY_S,
         "routeLagSeconds": ROUTE_LAG_S,
     }
-    args.worker_env = {"SHEPHERD_BACKEND_LOCAL_SLOTS": str(args.slots)}
+    args.worker_env = {**args.extra_env, "SHEPHERD_BACKEND_LOCAL_SLOTS": str(args.slots)}
     log(f"=== N={n}: {args.slots} slots, admission in Shepherd")
     with tempfile.TemporaryDirectory(prefix=f"shepherd-admission-{n}-") as tmp:
         run_dir = Path(tmp)
@@ -184,6 +186,7 @@ async def run_one(n: int, args: argparse.Namespace) -> dict[str, Any]:
                 "n": n,
                 "slots": args.slots,
                 "steps": args.steps,
+                "worker_env": args.worker_env,
                 "submitted_s": r3(submitted_s),
                 "submit_s": summary(took, (50, 95), raw=False),
                 "submit_errors": errors[:5],
@@ -238,8 +241,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=positive(int), default=4, help="records per step")
     parser.add_argument("--step-ms", type=float, default=0.0, help="emulated GPU time per step")
     parser.add_argument("--log-level", default="WARNING", help="the worker's SHEPHERD_LOG_LEVEL")
+    add_worker_env(parser)
     args = parser.parse_args(argv)
     args.n = [int(x) for x in args.n.split(",") if x.strip()]
+    args.extra_env = parse_worker_env(parser, args.worker_env)
     return args
 
 

@@ -98,6 +98,9 @@ EVERY = 10
 #: The activity whose start is a job's first training call (it sends the first
 #: forward_backward without another round trip through Temporal).
 TRAINING_ACTIVITY = "train_chunk"
+#: The activity that opens the model on a started trainer (and warms its route up): its run
+#: is the trainer's own work, inside Shepherd's part of a handover.
+OPEN_ACTIVITY = "open_model"
 #: The signal the event bridge delivers platform events with.
 EVENT_SIGNAL = "platform_event"
 #: A trainer holds a slot from the plane's grant (CREATING) until it leaves these states.
@@ -774,6 +777,8 @@ class History:
     first_task_wait_s: float | None = None
     #: Start times of every recorded ``TRAINING_ACTIVITY`` attempt, ascending.
     training_starts: list[datetime] = field(default_factory=list)
+    #: (started, completed) of every ``OPEN_ACTIVITY`` attempt that completed.
+    opens: list[tuple[datetime, datetime]] = field(default_factory=list)
     #: Activity type -> scheduled→started of first attempts (queue wait), seconds.
     queue_waits: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     #: Bridge deliveries: (trainer id, platform event id, state, lag seconds).
@@ -793,6 +798,7 @@ async def read_history(client: Client, workflow_id: str) -> History:
     h = History(workflow_id)
     wft_scheduled: dict[int, datetime] = {}
     scheduled: dict[int, tuple[str, datetime]] = {}
+    opening: dict[int, datetime] = {}  # OPEN_ACTIVITY's start, by its scheduled event
     async for e in client.get_workflow_handle(workflow_id).fetch_history_events():
         h.events += 1
         kind = e.event_type
@@ -812,6 +818,12 @@ async def read_history(client: Client, workflow_id: str) -> History:
                 h.queue_waits[name].append((_t(e) - at).total_seconds())
             if name == TRAINING_ACTIVITY:
                 h.training_starts.append(_t(e))
+            elif name == OPEN_ACTIVITY:
+                opening[attrs.scheduled_event_id] = _t(e)
+        elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            began = opening.get(e.activity_task_completed_event_attributes.scheduled_event_id)
+            if began is not None:
+                h.opens.append((began, _t(e)))
         elif kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
             sig = e.workflow_execution_signaled_event_attributes
             if sig.signal_name == EVENT_SIGNAL and sig.input.payloads:
@@ -916,6 +928,19 @@ def first_training(slot: Slot, owner: History | None, t0: datetime) -> float | N
     return None
 
 
+def model_open(slot: Slot, owner: History | None, first: float, t0: datetime) -> float | None:
+    """How long the trainer took to open its model before its first training call (the
+    last ``OPEN_ACTIVITY`` run between its RUNNING and that call), seconds."""
+    if owner is None or slot.running is None:
+        return None
+    runs = [
+        (secs(end, t0), (end - began).total_seconds())
+        for began, end in owner.opens
+        if secs(began, t0) >= slot.placed and secs(end, t0) <= first
+    ]
+    return max(runs)[1] if runs else None
+
+
 def jobs_per_minute(closes: list[float], end_s: float, slots: int) -> dict[str, float | None]:
     """Completions per minute, three ways.
 
@@ -987,6 +1012,7 @@ def analyse(
     slots, handovers = slot_timeline(events, t0)
     held = [s.freed - s.placed for s in slots if s.freed is not None]
     gaps, plane_part, boot_part, shepherd_part = [], [], [], []
+    opening_part, orchestration_part = [], []
     not_yet = 0
     for ho in handovers:
         first = first_training(ho.slot, owner(ho.slot.trainer_job_id), t0)
@@ -998,6 +1024,10 @@ def analyse(
         if ho.slot.running is not None:
             boot_part.append(ho.slot.running - ho.slot.placed)
             shepherd_part.append(first - ho.slot.running)
+            opened = model_open(ho.slot, owner(ho.slot.trainer_job_id), first, t0)
+            if opened is not None:
+                opening_part.append(opened)
+                orchestration_part.append(first - ho.slot.running - opened)
 
     trainers_by_job: defaultdict[str, set[str]] = defaultdict(set)
     final_state: dict[str, JobState] = {}
@@ -1061,6 +1091,11 @@ def analyse(
                 "freed_to_placed_s": stats_of(plane_part),
                 "placed_to_running_s": stats_of(boot_part),
                 "running_to_training_s": stats_of(shepherd_part),
+                # ... of which the trainer opening its model (the open activity's run: the
+                # trainer's model creation, the route reaching the gateway) and the rest
+                # (event delivery, workflow tasks, activity dispatch: orchestration).
+                "model_open_s": stats_of(opening_part),
+                "orchestration_s": stats_of(orchestration_part),
             },
         },
         "first_task_wait_s": stats_of(first_waits),
@@ -1127,7 +1162,10 @@ METHOD = {
         "workflow at or after the placement (that activity sends the first forward_backward "
         "without another trip through Temporal). 'parts' splits it: freed -> placed (the "
         "plane, ~0 when a job is waiting), placed -> RUNNING (the trainer's boot), RUNNING "
-        "-> first training (Shepherd: event delivery, warm-up, model open, task queues)"
+        "-> first training (Shepherd: event delivery, warm-up, model open, task queues), "
+        f"and that last one again as model_open (the '{OPEN_ACTIVITY}' activity's run: the "
+        "trainer creating or loading its model while the route reaches the gateway) and "
+        "orchestration (the rest: event delivery, workflow tasks, activity dispatch)"
     ),
     "first_task_wait": "per workflow, its first WorkflowTaskScheduled -> the matching "
     "WorkflowTaskStarted (all histories, read after the run)",
@@ -1372,6 +1410,27 @@ def draw(out: Path, report: dict[str, Any]) -> dict[str, Any]:
 # ------------------------------------------------------------------------------- main
 
 
+def add_worker_env(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--worker-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an env setting for every worker (repeatable), e.g. "
+        "SHEPHERD_WORKER_MAX_CACHED_WORKFLOWS=500",
+    )
+
+
+def parse_worker_env(parser: argparse.ArgumentParser, items: list[str]) -> dict[str, str]:
+    extra: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            parser.error(f"--worker-env: KEY=VALUE, got {item!r}")
+        extra[key.strip()] = value
+    return extra
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -1416,14 +1475,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--log-level", default="INFO", help="the workers' SHEPHERD_LOG_LEVEL (production: INFO)"
     )
-    parser.add_argument(
-        "--worker-env",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="an env setting for every worker (repeatable), e.g. "
-        "SHEPHERD_WORKER_MAX_CACHED_WORKFLOWS=500",
-    )
+    add_worker_env(parser)
     parser.add_argument("--logs", type=Path, default=None, help="keep the run logs in this dir")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="PNG plot path")
     args = parser.parse_args(argv)
@@ -1447,13 +1499,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.timeout = given
     if args.kill_worker_after is not None and args.workers < 2:
         parser.error("--kill-worker-after needs --workers >= 2 (someone must finish the jobs)")
-    extra: dict[str, str] = {}
-    for item in args.worker_env:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            parser.error(f"--worker-env: KEY=VALUE, got {item!r}")
-        extra[key.strip()] = value
-    args.worker_env = extra
+    args.worker_env = parse_worker_env(parser, args.worker_env)
     if args.step_ms < 0:
         parser.error("--step-ms must be >= 0")
     if args.split_cores and not {PLATFORM_CPU, SHEPHERD_CPU} <= os.sched_getaffinity(0):
