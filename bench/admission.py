@@ -2,8 +2,9 @@
 bears N jobs waiting.
 
 For each ``--n`` a fresh stack (the Temporal dev server on a SQLite file, as ``shepherd dev``
-runs it; localplane with ``--slots`` trainer slots; one ``shepherd worker`` process whose
-``local`` profile declares the same number of slots, so jobs wait in Shepherd): N
+runs it; localplane with ``--slots`` trainer slots; ``--workers`` ``shepherd worker``
+processes (default one) whose ``local`` profile declares the same number of slots, so jobs
+wait in Shepherd): N
 priority-0 jobs (the ``supervised`` loop of bench/scale.py, ``--steps`` steps) are submitted
 as fast as ``--submit-concurrency`` start calls allow, and the run waits until the backend's
 scheduler holds every slot and has every other job waiting. Then one priority-10 job is
@@ -107,7 +108,7 @@ async def run_one(n: int, args: argparse.Namespace) -> dict[str, Any]:
         "routeLagSeconds": ROUTE_LAG_S,
     }
     args.worker_env = {**args.extra_env, "SHEPHERD_BACKEND_LOCAL_SLOTS": str(args.slots)}
-    log(f"=== N={n}: {args.slots} slots, admission in Shepherd")
+    log(f"=== N={n}: {args.slots} slots, {args.workers} worker(s), admission in Shepherd")
     with tempfile.TemporaryDirectory(prefix=f"shepherd-admission-{n}-") as tmp:
         run_dir = Path(tmp)
         async with contextlib.AsyncExitStack() as stack:
@@ -117,7 +118,7 @@ async def run_one(n: int, args: argparse.Namespace) -> dict[str, Any]:
             task_queue = f"admission-{uuid.uuid4().hex[:8]}"
             workers: list[WorkerProcess] = []
             stack.callback(stop_workers, workers)
-            await start_workers(workers, st, 1, task_queue, run_dir, args)
+            await start_workers(workers, st, args.workers, task_queue, run_dir, args)
             specs = [spec_of(f"wait-{i:05d}", args, 0) for i in range(n)]
             t0 = time.monotonic()
             ids, took, errors = await submit(st.client, specs, task_queue, args.submit_concurrency)
@@ -186,6 +187,7 @@ async def run_one(n: int, args: argparse.Namespace) -> dict[str, Any]:
                 "n": n,
                 "slots": args.slots,
                 "steps": args.steps,
+                "workers": args.workers,
                 "worker_env": args.worker_env,
                 "submitted_s": r3(submitted_s),
                 "submit_s": summary(took, (50, 95), raw=False),
@@ -227,6 +229,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", default=",".join(map(str, DEFAULT_NS)), help="job counts")
     parser.add_argument("--slots", type=positive(int), default=4, help="trainer slots")
+    parser.add_argument("--workers", type=positive(int), default=1, help="worker processes")
     parser.add_argument("--steps", type=positive(int), default=40, help="steps of each waiting job")
     parser.add_argument(
         "--submit-concurrency", type=positive(int), default=32, help="start calls in flight"
