@@ -638,6 +638,12 @@ def _in_order(lines: list[LogLine]) -> list[LogLine]:
 
 async def show(workflow_id: str, *, follow: bool, tail: int | None, as_json: bool) -> str | None:
     """Print the job's lines; returns how it ended (None: it is still running)."""
+    if follow:
+        # Ctrl-C ends a follower at once: what it printed is flushed, and there is nothing
+        # else to save. Set before anything is printed: a Ctrl-C after the first lines and
+        # before it was set unwound through asyncio's shutdown, which sometimes took well
+        # over 20 s on a busy machine (tests/workflows/test_logs_cli.py saw it).
+        asyncio.get_running_loop().add_signal_handler(signal.SIGINT, _interrupted)
     sh = await shepherd()
     client: Client = sh.client
     lifecycle = Lifecycle(client.data_converter.payload_converter)
@@ -702,10 +708,6 @@ async def show(workflow_id: str, *, follow: bool, tail: int | None, as_json: boo
                     pending.extend(lifecycle.lines(event))
 
         reader = asyncio.ensure_future(read_history())
-        # Ctrl-C ends a follower at once: what it printed is flushed, and there is nothing
-        # else to save. (Cancelling it and unwinding sometimes waited well over 20 s on a
-        # busy machine, in asyncio's shutdown; the cause was not found.)
-        asyncio.get_running_loop().add_signal_handler(signal.SIGINT, _interrupted)
         try:
             while True:
                 await asyncio.wait({reader}, timeout=LOG_POLL_INTERVAL_S)
