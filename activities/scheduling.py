@@ -68,7 +68,7 @@ class AskBatcher:
         self._send = send
         self._pending: list[tuple[Ask, asyncio.Future[None]]] = []
         self._sending: asyncio.Task[None] | None = None
-        #: Calls made (tests and benchmarks read it).
+        #: Calls made (the tests read it).
         self.calls = 0
 
     async def ask(self, ask: Ask) -> None:

@@ -107,7 +107,7 @@ async def run_one(n: int, args: argparse.Namespace) -> dict[str, Any]:
         "bootDelaySeconds": BOOT_DELAY_S,
         "routeLagSeconds": ROUTE_LAG_S,
     }
-    args.worker_env = {**args.extra_env, "SHEPHERD_BACKEND_LOCAL_SLOTS": str(args.slots)}
+    args.worker_env = {**args.worker_env, "SHEPHERD_BACKEND_LOCAL_SLOTS": str(args.slots)}
     log(f"=== N={n}: {args.slots} slots, {args.workers} worker(s), admission in Shepherd")
     with tempfile.TemporaryDirectory(prefix=f"shepherd-admission-{n}-") as tmp:
         run_dir = Path(tmp)
@@ -247,7 +247,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_worker_env(parser)
     args = parser.parse_args(argv)
     args.n = [int(x) for x in args.n.split(",") if x.strip()]
-    args.extra_env = parse_worker_env(parser, args.worker_env)
+    args.worker_env = parse_worker_env(parser, args.worker_env)
     return args
 
 

@@ -1015,7 +1015,8 @@ def analyse(
     opening_part, orchestration_part = [], []
     not_yet = 0
     for ho in handovers:
-        first = first_training(ho.slot, owner(ho.slot.trainer_job_id), t0)
+        trainer_owner = owner(ho.slot.trainer_job_id)
+        first = first_training(ho.slot, trainer_owner, t0)
         if first is None:
             not_yet += 1
             continue
@@ -1024,7 +1025,7 @@ def analyse(
         if ho.slot.running is not None:
             boot_part.append(ho.slot.running - ho.slot.placed)
             shepherd_part.append(first - ho.slot.running)
-            opened = model_open(ho.slot, owner(ho.slot.trainer_job_id), first, t0)
+            opened = model_open(ho.slot, trainer_owner, first, t0)
             if opened is not None:
                 opening_part.append(opened)
                 orchestration_part.append(first - ho.slot.running - opened)

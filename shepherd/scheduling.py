@@ -486,9 +486,9 @@ def task_priority(priority: int) -> Priority:
 
 
 #: The task priority of work on a trainer a job holds (its activities from the create on):
-#: ahead of every job's intake and waits. Each second such a task waits, a GPU idles; and a
-#: burst of thousands of new jobs (their first tasks at their own priority) made the running
-#: jobs' tasks wait minutes behind it (5,000 submitted at once: 8 admissions in 700 s).
+#: ahead of every job's intake and waits, as each second such a task waits a GPU idles. (It
+#: does not cure the running jobs' stall while a burst of thousands is taken in: their
+#: workflow tasks wait there, docs/scale.md "Admission".)
 HOLDING_PRIORITY = Priority(priority_key=1)
 
 
