@@ -193,25 +193,38 @@ class RouteWait:
     ``WARMUP_PROBE_SPACING``, for at most ``WARMUP_ATTEMPT_BUDGET`` per attempt.
 
     Shared by the warm-up probes and by opening the model, which runs beside them: a route
-    404 means the request never reached the trainer, so re-sending it is safe."""
+    404 means the request never reached the trainer, so re-sending it is safe.
+
+    ``booting``: started when the trainer was placed, before it is RUNNING (its route does
+    not exist yet): while the control plane says PENDING or CREATING a 404 is the boot, not a
+    race nor a death; the control plane is asked after each, the next try following
+    ``policies.boot_probe_spacing``, within ``BOOT_ATTEMPT_BUDGET``. From the first RUNNING
+    on, the route race as above."""
 
     def __init__(
         self,
         client: PlatformClient,
         trainer_job_id: str,
         progress: dict[str, Any] | None = None,
+        *,
+        booting: bool = False,
     ) -> None:
         self.client = client
         self.trainer_job_id = trainer_job_id
+        self.booting = booting
+        self._boot_began = time.monotonic()
         #: The attempt's heartbeat details: each 404 adds to its ``route_races`` and
         #: heartbeats it whole (other keys, e.g. an opened model, kept).
         self.progress = progress if progress is not None else {}
         self.races = 0
         self._verified_until = 0.0
-        self._end = time.monotonic() + policies.WARMUP_ATTEMPT_BUDGET.total_seconds()
+        budget = policies.BOOT_ATTEMPT_BUDGET if booting else policies.WARMUP_ATTEMPT_BUDGET
+        self._end = time.monotonic() + budget.total_seconds()
 
     async def seen_404(self) -> None:
         """Account for one route 404; returns when it is time to try again."""
+        if self.booting and await self._still_booting():
+            return
         self.races += 1
         if time.monotonic() >= self._verified_until:
             gone = await _gone_behind_404(
@@ -228,6 +241,29 @@ class RouteWait:
         self.progress["route_races"] = int(self.progress.get("route_races", 0)) + 1
         heartbeat(dict(self.progress))
         await asyncio.sleep(policies.WARMUP_PROBE_SPACING.total_seconds())
+
+    async def _still_booting(self) -> bool:
+        """After a 404 while the trainer may still be booting: True (after the boot's
+        spacing) while the control plane says it is; False once it says RUNNING (the
+        route race from here on, this very look counting as its verification)."""
+        try:
+            job = snapshot(await self.client.get_job(self.trainer_job_id))
+        except PlatformError as exc:
+            raise translate(exc, "checking the booting trainer after a 404") from None
+        state = JobState(job.state)
+        if state is JobState.RUNNING:
+            self.booting = False
+            now = time.monotonic()
+            self._verified_until = now + policies.WARMUP_REVERIFY_AFTER.total_seconds()
+            self._end = now + policies.WARMUP_ATTEMPT_BUDGET.total_seconds()
+            return False
+        if state.is_gone() or not state.is_transitional():
+            raise lost(job)
+        if time.monotonic() >= self._end:
+            raise not_ready(f"trainer {self.trainer_job_id} is still {job.state}")
+        heartbeat(dict(self.progress))
+        await asyncio.sleep(policies.boot_probe_spacing(time.monotonic() - self._boot_began))
+        return True
 
     async def call(self, request: Callable[[], Awaitable[T]]) -> T:
         """``request()``, sent again after each verified route 404."""

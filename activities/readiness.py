@@ -102,6 +102,6 @@ class ReadinessActivities:
         backoff); anything else surfaces at once."""
         client = self.clients.client(inp.backend)
         trainer = await client.trainer(inp.trainer_job_id)
-        route = RouteWait(client, inp.trainer_job_id)
+        route = RouteWait(client, inp.trainer_job_id, booting=inp.booting)
         await warm_route(trainer, route, inp.probes)
         return WarmUpResult(probes=inp.probes, route_races=route.races)

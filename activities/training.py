@@ -153,7 +153,7 @@ class TrainingActivities:
         progress: dict[str, Any] = {"route_races": races}
         # Right after RUNNING the route may not be everywhere yet: a verified route 404
         # sends the same request again (it never reached the trainer).
-        route = RouteWait(client, inp.trainer_job_id, progress)
+        route = RouteWait(client, inp.trainer_job_id, progress, booting=inp.booting)
         # The warm-up probes run beside the model's calls: both wait for the route to reach
         # the gateway's replicas, and the probes' consecutive successes prove every replica
         # has it however the two interleave (a replica that has the route keeps it). After

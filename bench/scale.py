@@ -929,12 +929,15 @@ def first_training(slot: Slot, owner: History | None, t0: datetime) -> float | N
 
 
 def model_open(slot: Slot, owner: History | None, first: float, t0: datetime) -> float | None:
-    """How long the trainer took to open its model before its first training call (the
-    last ``OPEN_ACTIVITY`` run between its RUNNING and that call), seconds."""
+    """How long the trainer took to open its model after it was RUNNING, before its first
+    training call (the last ``OPEN_ACTIVITY`` run between its placement and that call, from
+    its start or from RUNNING, whichever came later: the open starts at the placement and
+    waits out the boot), seconds."""
     if owner is None or slot.running is None:
         return None
+    running = slot.running
     runs = [
-        (secs(end, t0), (end - began).total_seconds())
+        (secs(end, t0), max(0.0, secs(end, t0) - max(secs(began, t0), running)))
         for began, end in owner.opens
         if secs(began, t0) >= slot.placed and secs(end, t0) <= first
     ]
@@ -1164,9 +1167,10 @@ METHOD = {
         "without another trip through Temporal). 'parts' splits it: freed -> placed (the "
         "plane, ~0 when a job is waiting), placed -> RUNNING (the trainer's boot), RUNNING "
         "-> first training (Shepherd: event delivery, warm-up, model open, task queues), "
-        f"and that last one again as model_open (the '{OPEN_ACTIVITY}' activity's run: the "
-        "trainer creating or loading its model while the route reaches the gateway) and "
-        "orchestration (the rest: event delivery, workflow tasks, activity dispatch)"
+        f"and that last one again as model_open (the '{OPEN_ACTIVITY}' activity's run after "
+        "RUNNING: it starts at the placement and waits out the boot; the trainer creating or "
+        "loading its model while the route reaches the gateway) and orchestration (the rest: "
+        "workflow tasks, activity dispatch)"
     ),
     "first_task_wait": "per workflow, its first WorkflowTaskScheduled -> the matching "
     "WorkflowTaskStarted (all histories, read after the run)",

@@ -70,6 +70,9 @@ class WarmUpInput(Model):
     backend: str
     trainer_job_id: str
     probes: int
+    #: Started when the trainer was placed, before RUNNING: 404s are its boot until the
+    #: control plane says RUNNING (activities/base.py, ``RouteWait``).
+    booting: bool = False
 
 
 class WarmUpResult(Model):
@@ -101,6 +104,8 @@ class OpenModelInput(Model):
     #: Then this many consecutive warm-up probes over the route (current runs warm up in
     #: the same activity; 0: legacy runs, which warmed up in one of its own).
     warm_up_probes: int = 0
+    #: As ``WarmUpInput.booting``.
+    booting: bool = False
 
 
 class CheckCheckpointInput(Model):

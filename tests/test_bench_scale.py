@@ -88,7 +88,9 @@ def test_first_training_is_the_first_training_start_after_the_placement() -> Non
     assert scale.first_training(slot, None, T0) is None
 
 
-def test_model_open_is_the_last_open_of_this_trainer_before_its_first_training() -> None:
+def test_model_open_is_the_last_open_of_this_trainer_before_its_first_training_after_running() -> (
+    None
+):
     slot = scale.Slot("job-x-1--abcd-g2", placed=10.0, running=10.5)
     history = scale.History("job-x-1")
     at = [T0 + timedelta(seconds=s) for s in (2.0, 2.4, 10.6, 10.9, 11.0, 11.3, 30.0, 30.2)]
@@ -99,6 +101,11 @@ def test_model_open_is_the_last_open_of_this_trainer_before_its_first_training()
     assert scale.model_open(slot, history, 10.7, T0) is None  # none ended before training
     assert scale.model_open(scale.Slot("j", placed=10.0), history, 11.4, T0) is None
     assert scale.model_open(slot, None, 11.4, T0) is None
+    # Opened from the placement on (it waits out the boot): only its time after RUNNING.
+    history.opens = [(T0 + timedelta(seconds=10.1), T0 + timedelta(seconds=10.8))]
+    assert scale.model_open(slot, history, 11.0, T0) == pytest.approx(0.3)
+    history.opens = [(T0 + timedelta(seconds=10.1), T0 + timedelta(seconds=10.4))]
+    assert scale.model_open(slot, history, 11.0, T0) == 0.0  # ready before RUNNING was said
 
 
 def test_a_trainer_belongs_to_the_workflow_that_recorded_it_else_the_longest_prefix() -> None:

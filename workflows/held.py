@@ -15,6 +15,8 @@ The contract, in the order the lifecycle calls it:
 
 ``prepare``  — the trainer just turned RUNNING (PREPARING): make it ready for the work (open
                the model, or warm the route up for the program's proxy); sets ``serving``.
+               ``booting``: started at its placement instead, beside the wait for RUNNING
+               (its activity takes the boot's 404s for what they are).
 ``train``    — TRAINING until the work is done. Raises :class:`~workflows.flow.Lost` when
                the trainer stops serving (the lifecycle recovers and calls ``train`` again),
                :class:`~workflows.flow.PauseNow` for a pause (it pauses, then the same).
@@ -41,7 +43,7 @@ if TYPE_CHECKING:
 
 
 class TrainerWork(Protocol):
-    async def prepare(self, ctx: JobContext) -> None: ...
+    async def prepare(self, ctx: JobContext, *, booting: bool = False) -> None: ...
 
     async def train(self, ctx: JobContext) -> None: ...
 

@@ -48,7 +48,7 @@ class LoopTraining:
 
     # ------------------------------------------------------------------ the interface
 
-    async def prepare(self, ctx: JobContext) -> None:
+    async def prepare(self, ctx: JobContext, *, booting: bool = False) -> None:
         """One activity: open the model (it needs no warm route: it re-sends a request
         after a route 404, so it runs while the route propagates), then the warm-up probes
         (after its calls, so consecutive probes prove every replica)."""
@@ -62,12 +62,13 @@ class LoopTraining:
             checkpoint=ctx.to_load,
             call_timeout_s=ctx.call_timeout_s(),
             warm_up_probes=ctx.pol.warmup_probes,
+            booting=booting,
         )
         opening = f"load {ctx.to_load.rsplit('/', 1)[-1]}" if ctx.to_load else "create the model"
         opened = await ctx.act(
             TrainingActivities.open_model,
             model,
-            ctx.pol.open_model,
+            ctx.pol.open_model_booting if booting else ctx.pol.open_model,
             f"{opening}, warm up the route ({ctx.pol.warmup_probes} probes)",
             timeout_type="WarmUpTimeout",
         )

@@ -113,6 +113,23 @@ WARMUP_REVERIFY_AFTER = timedelta(milliseconds=500)
 #: retry policy (which then backs off in seconds: a route that takes this long is not a
 #: race but a slow gateway).
 WARMUP_ATTEMPT_BUDGET = timedelta(seconds=5)
+#: Opening the model (or warming a program's route up) starts when the trainer is placed,
+#: beside the wait for RUNNING (workflows/trainer.py, ``come_up``): a warm localplane trainer
+#: boots in ~50 ms, and the RUNNING event's delivery plus a workflow task cost 0.15-0.4 s
+#: of every handover under load (bench/scale.py). (Started at the create, for an admitted
+#: job, it measured no better: on a busy worker the create's own workflow task comes about
+#: when the placement's event does, and a queued trainer would be probed while it waits.) Until the route exists each 404 is checked
+#: against the control plane, and the next try follows BOOT_PROBE_SHARE of the time booted
+#: so far, at least BOOT_PROBE_FIRST, at most BOOT_PROBE_CAP: the boot's end is seen at most
+#: a quarter of its length late (a warm trainer's, within 20 ms), and a boot of minutes costs
+#: two requests a second. (Not a doubling per try: the open and the probes share the wait,
+#: and a count of tries would double twice as fast, 0.3 s late after a 0.1 s boot.)
+BOOT_PROBE_FIRST = timedelta(milliseconds=20)
+BOOT_PROBE_SHARE = 0.25
+BOOT_PROBE_CAP = timedelta(seconds=1)
+#: One attempt waits this long for a booting trainer before handing back to the activity's
+#: retry policy (the workflow's own wait for RUNNING, under ``wait_running``, bounds the boot).
+BOOT_ATTEMPT_BUDGET = timedelta(seconds=30)
 
 
 #: A heartbeating activity (train, save, evaluate) sends its first heartbeat this long
@@ -196,6 +213,14 @@ WAITS_QUEUE_SUFFIX = "-waits"
 
 def waits_queue(task_queue: str) -> str:
     return f"{task_queue}{WAITS_QUEUE_SUFFIX}"
+
+
+def boot_probe_spacing(booted_s: float) -> float:
+    """Seconds until the next try at a booting trainer that has booted ``booted_s`` so far."""
+    return min(
+        BOOT_PROBE_CAP.total_seconds(),
+        max(BOOT_PROBE_FIRST.total_seconds(), booted_s * BOOT_PROBE_SHARE),
+    )
 
 
 def fallback_poll_delay(attempt: int, first: timedelta, cap: timedelta, draw: float) -> timedelta:
@@ -414,6 +439,10 @@ class Policies:
     data_plane_call: ActivityPolicy
     #: Create the model on a (re)started trainer, from a checkpoint where one is due.
     open_model: ActivityPolicy
+    #: ``open_model`` and ``warm_up`` started when the trainer is placed: the boot's time
+    #: (up to ready_timeout) on top (BOOT_PROBE_FIRST).
+    open_model_booting: ActivityPolicy
+    warm_up_booting: ActivityPolicy
     #: Resume is idempotent in effect (a lost response is reconciled by the activity).
     resume_trainer: ActivityPolicy
     #: Promotion can take minutes on the hosted platform; waiting for the model is polling.
@@ -466,6 +495,31 @@ class Policies:
             heartbeat=p.heartbeat_timeout,
             retry=_TRANSIENT,
         )
+        # Opening the model (a few short calls, or a load that may take minutes on a real
+        # trainer), then the warm-up probes, in one activity: a round trip less between
+        # RUNNING and the first training step. Retried as warm-up is (a route not yet
+        # everywhere is the usual cause), within the warm-up timeout plus one load.
+        open_model = ActivityPolicy(
+            start_to_close=p.step_timeout + timedelta(minutes=1),
+            heartbeat=p.heartbeat_timeout,
+            schedule_to_close=p.warmup_timeout + p.step_timeout + timedelta(minutes=1),
+            retry=_WARM_UP_RETRY,
+        )
+        # One attempt is at most WARMUP_ATTEMPT_BUDGET of probes (each bounded by the
+        # client's request timeout); its keepalive notices a dead worker.
+        # Program jobs (a loop's job warms up inside open_model).
+        warm_up = ActivityPolicy(
+            start_to_close=timedelta(seconds=45),
+            schedule_to_close=p.warmup_timeout,
+            retry=_WARM_UP_RETRY,
+        )
+
+        def booting(policy: ActivityPolicy) -> ActivityPolicy:
+            return replace(
+                policy,
+                schedule_to_close=(policy.schedule_to_close or timedelta(0)) + p.ready_timeout,
+            )
+
         return cls(
             lookup=ActivityPolicy(start_to_close=timedelta(seconds=45), retry=_TRANSIENT),
             # One POST, idempotent by the trainer id.
@@ -478,14 +532,8 @@ class Policies:
             wait_running=_poll(p.poll_interval, p.ready_timeout),
             # Deaths settle in seconds; poll at least every 2 s, give up at the ready timeout.
             wait_resumable=_poll(min(p.poll_interval, timedelta(seconds=2)), p.ready_timeout),
-            # One attempt is at most WARMUP_ATTEMPT_BUDGET of probes (each bounded by the
-            # client's request timeout); its keepalive notices a dead worker.
-            # Program jobs (a loop's job warms up inside open_model).
-            warm_up=ActivityPolicy(
-                start_to_close=timedelta(seconds=45),
-                schedule_to_close=p.warmup_timeout,
-                retry=_WARM_UP_RETRY,
-            ),
+            warm_up=warm_up,
+            warm_up_booting=booting(warm_up),
             train_chunk=ActivityPolicy(
                 # A chunk may legitimately take chunk_steps step-timeouts; the heartbeat,
                 # not this, is what notices a dead worker.
@@ -494,16 +542,8 @@ class Policies:
                 retry=_CHUNK_RETRY,
             ),
             data_plane_call=data_plane,
-            # Open the model (a few short calls, or a load that may take minutes on a real
-            # trainer), then the warm-up probes, in one activity: a round trip less between
-            # RUNNING and the first training step. Retried as warm-up is (a route not yet
-            # everywhere is the usual cause), within the warm-up timeout plus one load.
-            open_model=ActivityPolicy(
-                start_to_close=p.step_timeout + timedelta(minutes=1),
-                heartbeat=p.heartbeat_timeout,
-                schedule_to_close=p.warmup_timeout + p.step_timeout + timedelta(minutes=1),
-                retry=_WARM_UP_RETRY,
-            ),
+            open_model=open_model,
+            open_model_booting=booting(open_model),
             resume_trainer=ActivityPolicy(
                 start_to_close=timedelta(seconds=45),
                 schedule_to_close=p.ready_timeout,

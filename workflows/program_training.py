@@ -196,7 +196,7 @@ class ProgramTraining:
 
     # ------------------------------------------------------------------ the interface
 
-    async def prepare(self, ctx: JobContext) -> None:
+    async def prepare(self, ctx: JobContext, *, booting: bool = False) -> None:
         """The proxy opens (or restores) the program's model once it is handed the trainer;
         the route is warmed up for it here."""
         warm: WarmUpResult = await ctx.act(
@@ -205,8 +205,9 @@ class ProgramTraining:
                 backend=ctx.spec.backend,
                 trainer_job_id=ctx.ref().trainer_job_id,
                 probes=ctx.pol.warmup_probes,
+                booting=booting,
             ),
-            ctx.pol.warm_up,
+            ctx.pol.warm_up_booting if booting else ctx.pol.warm_up,
             f"warm up the route ({ctx.pol.warmup_probes} probes)",
             timeout_type="WarmUpTimeout",
         )

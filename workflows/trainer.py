@@ -26,7 +26,7 @@ with workflow.unsafe.imports_passed_through():
     from shepherd.models import CreateTrainerInput, PlatformJob, TrainerRef
     from shepherd.phases import Phase
     from shepherd.platform import rules
-    from workflows import measures
+    from workflows import measures, versions
     from workflows.context import JobContext
     from workflows.flow import DEAD, PLACED, RUNNING, PauseNow
     from workflows.held import TrainerWork
@@ -65,7 +65,9 @@ async def provision(ctx: JobContext, work: TrainerWork) -> None:
 
 
 async def come_up(ctx: JobContext, work: TrainerWork) -> None:
-    """From a created or resumed job to a trainer the work is ready on."""
+    """From a created or resumed job to a trainer the work is ready on. The work gets ready
+    from the placement on, beside the wait for RUNNING: the RUNNING event's delivery and a
+    workflow task are then off a handover's path (policies.BOOT_PROBE_FIRST)."""
     await await_state(
         ctx,
         ReadinessActivities.wait_for_placement,
@@ -75,6 +77,8 @@ async def come_up(ctx: JobContext, work: TrainerWork) -> None:
         "placement",
     )
     ctx.set_phase(Phase.SCHEDULING)
+    ctx.session = None  # a (re)started trainer holds no model
+    early = _ready_early(ctx, work)
     await await_state(
         ctx,
         ReadinessActivities.wait_for_running,
@@ -82,14 +86,21 @@ async def come_up(ctx: JobContext, work: TrainerWork) -> None:
         ctx.pol.wait_running,
         "ReadyTimeout",
         "RUNNING",
+        beside=early,
     )
     ctx.set_phase(Phase.PREPARING)
-    ctx.session = None  # a (re)started trainer holds no model
     running_at = workflow.now()
-    await work.prepare(ctx)
+    await (early if early is not None else work.prepare(ctx))
     measures.readiness_lag(ctx.spec.backend, running_at)
     if not ctx.recovering:
         ctx.close_recovery_record()  # (a job that made way for another is back)
+
+
+def _ready_early(ctx: JobContext, work: TrainerWork) -> asyncio.Future[None] | None:
+    """The work's preparation, started before the trainer is RUNNING (None where it is)."""
+    if ctx.event_state in RUNNING or not workflow.patched(versions.PREPARE_WHILE_BOOTING):
+        return None
+    return asyncio.ensure_future(work.prepare(ctx, booting=True))
 
 
 async def await_state(
@@ -101,20 +112,46 @@ async def await_state(
     what: str,
     *,
     death_is_loss: bool = True,
+    beside: asyncio.Future[None] | None = None,
 ) -> PlatformJob | None:
     """Wait for the trainer to reach ``targets``: a polling activity (retries are the poll
     interval) raced against platform events, whichever knows first. A pause asked for meanwhile
     (outside a recovery) stops the wait (:class:`PauseNow`); a death is a loss. A long wait (a
     slot, for days) continues-as-new when the history grows long; the next run waits on
     (``recovery.come_back``). Not the recovery's own short wait for a resumable state: a run
-    continued there would not know that the trainer still needs resuming."""
+    continued there would not know that the trainer still needs resuming.
+
+    ``beside``: work started with the wait that can only end once the trainer is there (the
+    model opened while it boots): its end ends the wait too (the caller awaits it for its
+    outcome); any other way out of the wait cancels it first."""
+    try:
+        return await _await_state(
+            ctx, poll, targets, policy, timeout_type, what, death_is_loss, beside
+        )
+    except BaseException:
+        if beside is not None:
+            beside.cancel()  # (a no-op once it ended: its outcome is collected all the same)
+            await asyncio.gather(beside, return_exceptions=True)
+        raise
+
+
+async def _await_state(
+    ctx: JobContext,
+    poll: Callable[[Any, TrainerRef], Awaitable[PlatformJob]],
+    targets: set[str],
+    policy: ActivityPolicy,
+    timeout_type: str,
+    what: str,
+    death_is_loss: bool,
+    beside: asyncio.Future[None] | None,
+) -> PlatformJob | None:
     if ctx.event_state in targets:
         return None
     # The recovery's first wait (RECOVERING) is neither paused nor continued.
     interruptible = ctx.stage is not Phase.RECOVERING
 
     def event_says() -> bool:
-        if ctx.cancel_seen():
+        if ctx.cancel_seen() or (beside is not None and beside.done()):
             return True
         if interruptible and (ctx.pause_requested or ctx.history_long()):
             return True
@@ -136,13 +173,16 @@ async def await_state(
             ctx.raise_mapped(err, timeout_type, what)
         ctx.observe(job)
         return job
-    if interruptible and not ctx.cancel_seen():
+    there_beside = beside is not None and beside.done()
+    if interruptible and not ctx.cancel_seen() and not there_beside:
         await ctx.maybe_continue_as_new()  # (the poll is left behind with the old run)
     handle.cancel()
     with contextlib.suppress(ActivityError):
         await handle
     # The poll's cancellation is expected; a cancel request meanwhile surfaces as it.
     ctx.stop_if_cancelled()
+    if there_beside:
+        return None
     if interruptible and ctx.pause_requested:
         raise PauseNow()
     if ctx.event_state in targets:

@@ -37,6 +37,10 @@ ASK_THE_PLATFORM_WHY = "ask-the-platform-why"
 #: that moves it: jobs before it showed no step there.
 PROGRAM_STEP_LISTED = "program-step-listed"
 
+#: A trainer's work gets ready (the model opened, the route warmed up) from its placement on,
+#: beside the wait for RUNNING: jobs before it started only once RUNNING was seen.
+PREPARE_WHILE_BOOTING = "prepare-while-booting"
+
 #: Patches since the baseline, oldest first: (id, what changed, when it may be deprecated).
 PATCHES: tuple[tuple[str, str, str], ...] = (
     (
@@ -59,5 +63,11 @@ PATCHES: tuple[tuple[str, str, str], ...] = (
         PROGRAM_STEP_LISTED,
         "a program job's progress report sets its step in the job list",
         "2026-12-28",
+    ),
+    (
+        PREPARE_WHILE_BOOTING,
+        "a trainer's work gets ready from its placement on, beside the wait for RUNNING",
+        # Released 2026-11-28, plus the longest job lifetime (30 days).
+        "2026-12-29",
     ),
 )
