@@ -2,16 +2,19 @@
 :class:`~shepherd.platform.client.JsonTransport` (auth headers, typed errors, JSON
 decoding), at about half its cost per request.
 
-Shepherd's data-plane proxy sends four or five trainer requests for every step of a
-program, two of them on the step's critical path; on a 2-core machine an httpx round trip
-over loopback costs ~0.9 ms of CPU and an aiohttp one ~0.45 ms (``bench/proxy.py`` shows
-the proxy's CPU per step). The control plane stays on httpx: its calls are few.
+Every trainer request goes this way (``PlatformClient.trainer``): Shepherd's data-plane
+proxy sends four or five for every step of a program, two of them on the step's critical
+path, and a loop job's training activity as many from the worker; on a 2-core machine an
+httpx round trip over loopback costs ~0.9 ms of CPU and an aiohttp one ~0.45 ms
+(``bench/proxy.py`` shows the proxy's CPU per step). The control plane stays on httpx: its
+calls are few.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import ssl
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,8 +37,11 @@ class AiohttpTransport:
         timeout: float,
         connect_timeout: float,
         max_connections: int = 100,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self._headers = dict(headers)
+        #: The control plane's CA bundle too (httpx's: certifi), not the system's.
+        self._ssl: ssl.SSLContext | bool = ssl_context if ssl_context is not None else True
         self._timeout = timeout
         self._connect_timeout = connect_timeout
         self._max_connections = max_connections
@@ -52,7 +58,7 @@ class AiohttpTransport:
                 # An idle connection is dropped after 4 s (aiohttp keeps one 15 s): before
                 # a server with uvicorn's default keep-alive (5 s) closes it under a request.
                 connector=aiohttp.TCPConnector(
-                    limit=self._max_connections, keepalive_timeout=KEEP_ALIVE_S
+                    limit=self._max_connections, keepalive_timeout=KEEP_ALIVE_S, ssl=self._ssl
                 ),
                 cookie_jar=aiohttp.DummyCookieJar(),
                 trust_env=False,

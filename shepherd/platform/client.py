@@ -212,6 +212,10 @@ class PlatformClient:
             verify=tls_context(),
         )
         self._t = JsonTransport(self._http)
+        #: Trainers' data plane (aiohttp: about half httpx's CPU per request), opened on first
+        #: use: a loop job's steps are a worker's busiest requests (``bench/scale.py``: the
+        #: training activities' httpx calls were 40 % of a busy worker's samples).
+        self._data_plane: AiohttpTransport | None = None
 
     def __repr__(self) -> str:  # never the key
         return f"PlatformClient(base_url={self.base_url!r}, account_id={self._account_id!r})"
@@ -223,6 +227,8 @@ class PlatformClient:
         await self.aclose()
 
     async def aclose(self) -> None:
+        if self._data_plane is not None:
+            await self._data_plane.aclose()
         await self._http.aclose()
 
     # ---------------------------------------------------------------- accounts
@@ -520,12 +526,16 @@ class PlatformClient:
     # -------------------------------------------------------------- data plane
 
     async def trainer(self, job_id: str, via: Transport | None = None) -> TrainerClient:
-        """The data plane of one job, through the gateway (on this client's connections, or
-        on ``via``: a transport of :meth:`open_data_plane`)."""
+        """The data plane of one job, through the gateway (on this client's data-plane
+        connections, or on ``via``: a transport of :meth:`open_data_plane`)."""
         m = rules.JOB_NAME_RE.match(await self.job_name(job_id))
         assert m is not None
         base = f"{self.gateway_url}/training/v1/rlorTrainerJobs/{_q(m['account'])}/{_q(m['job'])}"
-        return TrainerClient(via or self._t, base)
+        if via is None:
+            if self._data_plane is None:
+                self._data_plane = self.open_data_plane()
+            via = self._data_plane
+        return TrainerClient(via, base)
 
     def open_data_plane(self) -> AiohttpTransport:
         """A connection pool of its own, with this client's credentials and timeouts, for a
@@ -533,7 +543,9 @@ class PlatformClient:
         from shepherd.platform.aio import AiohttpTransport  # noqa: PLC0415 - few need aiohttp
 
         timeout, connect = self._timeouts
-        return AiohttpTransport(self._headers, timeout=timeout, connect_timeout=connect)
+        return AiohttpTransport(
+            self._headers, timeout=timeout, connect_timeout=connect, ssl_context=tls_context()
+        )
 
     def trainer_at(self, url: str) -> TrainerClient:
         """The data plane of a trainer at a direct URL (no gateway), e.g. for benchmarks."""

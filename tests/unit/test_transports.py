@@ -1,5 +1,5 @@
 """The two request paths of the platform client (httpx for the control plane, aiohttp for
-the proxy's data plane) give the same answers and raise the same typed errors, against a
+trainers' data plane) give the same answers and raise the same typed errors, against a
 real HTTP server on loopback."""
 
 from __future__ import annotations
@@ -221,4 +221,25 @@ async def test_a_data_plane_request_unanswered_for_the_silence_bound_is_sent_aga
     finally:
         await data_plane.aclose()
         await client.aclose()
+        await runner.cleanup()
+
+
+async def test_a_trainers_data_plane_goes_on_aiohttp_and_closes_with_its_client() -> None:
+    """``PlatformClient.trainer``: every data-plane request on the cheaper path (a loop
+    job's steps from the worker, like the proxy's), one pool per client, closed with it."""
+    from shepherd.platform.aio import AiohttpTransport  # noqa: PLC0415
+
+    runner, url = await _serve()
+    try:
+        client = PlatformClient(url, KEY, account_id="acct")
+        first, second = await client.trainer("job-a"), await client.trainer("job-b")
+        assert isinstance(first._t, AiohttpTransport)  # noqa: SLF001 - the path taken
+        assert first._t is second._t  # noqa: SLF001
+        pool = first._t  # noqa: SLF001
+        with pytest.raises(errors.RouteNotFound):  # (no such route here: it went out)
+            await first.request("GET", "healthz")
+        assert pool._session is not None  # noqa: SLF001 - opened by that request
+        await client.aclose()
+        assert pool._session is None  # noqa: SLF001 - closed with the client
+    finally:
         await runner.cleanup()
