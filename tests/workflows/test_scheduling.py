@@ -314,6 +314,20 @@ async def test_every_ending_gives_the_slot_back(sched: Stack, backend: str) -> N
     final: JobStatus = await paused.result()
     assert final.phase is Phase.COMPLETED and final.step == 40
     await free()
+    # Terminated while waiting (no cleanup, no word): when its turn comes its grant finds
+    # nobody, and the slot goes to the next in line at once.
+    holder = await sched.start(job(sched, "holds", backend, steps=500))
+    await held_by(holder)
+    gone = await sched.start(job(sched, "gone", backend, steps=500))
+    await sched.until(gone, lambda s: s.admission is not None, 30)
+    after = await sched.start(job(sched, "after", backend, steps=5))
+    await sched.until(after, lambda s: s.admission is not None, 30)
+    await gone.terminate(reason="an operator's terminate")
+    await holder.cancel()
+    with pytest.raises(WorkflowFailureError):
+        await holder.result()
+    assert (await after.result()).phase is Phase.COMPLETED
+    await free()
     state = await scheduler(sched, backend)
     assert state.waiting == [] and state.reserved == {} and state.yielding == {}
 
