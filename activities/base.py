@@ -223,7 +223,8 @@ class RouteWait:
 
     async def seen_404(self) -> None:
         """Account for one route 404; returns when it is time to try again."""
-        if self.booting and await self._still_booting():
+        if self.booting:
+            await self._boot_404()  # (no race: the route is not there yet by design)
             return
         self.races += 1
         if time.monotonic() >= self._verified_until:
@@ -242,10 +243,11 @@ class RouteWait:
         heartbeat(dict(self.progress))
         await asyncio.sleep(policies.WARMUP_PROBE_SPACING.total_seconds())
 
-    async def _still_booting(self) -> bool:
-        """After a 404 while the trainer may still be booting: True (after the boot's
-        spacing) while the control plane says it is; False once it says RUNNING (the
-        route race from here on, this very look counting as its verification)."""
+    async def _boot_404(self) -> None:
+        """A 404 while the trainer may still be booting; returns when it is time to try
+        again: after the boot's spacing while the control plane says it boots, at once when
+        it says RUNNING (that 404 came before it: the route race from here on, this look
+        counting as its verification)."""
         try:
             job = snapshot(await self.client.get_job(self.trainer_job_id))
         except PlatformError as exc:
@@ -256,14 +258,13 @@ class RouteWait:
             now = time.monotonic()
             self._verified_until = now + policies.WARMUP_REVERIFY_AFTER.total_seconds()
             self._end = now + policies.WARMUP_ATTEMPT_BUDGET.total_seconds()
-            return False
+            return
         if state.is_gone() or not state.is_transitional():
             raise lost(job)
         if time.monotonic() >= self._end:
             raise not_ready(f"trainer {self.trainer_job_id} is still {job.state}")
         heartbeat(dict(self.progress))
         await asyncio.sleep(policies.boot_probe_spacing(time.monotonic() - self._boot_began))
-        return True
 
     async def call(self, request: Callable[[], Awaitable[T]]) -> T:
         """``request()``, sent again after each verified route 404."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from temporalio import workflow
@@ -103,6 +103,18 @@ def _ready_early(ctx: JobContext, work: TrainerWork) -> asyncio.Future[None] | N
     return asyncio.ensure_future(work.prepare(ctx, booting=True))
 
 
+@contextlib.asynccontextmanager
+async def _cancelled_on_error(beside: asyncio.Future[None] | None) -> AsyncIterator[None]:
+    """``beside`` cancelled (and its outcome collected) when the block is left by an error."""
+    try:
+        yield
+    except BaseException:
+        if beside is not None:
+            beside.cancel()  # (a no-op once it ended: its outcome is collected all the same)
+            await asyncio.gather(beside, return_exceptions=True)
+        raise
+
+
 async def await_state(
     ctx: JobContext,
     poll: Callable[[Any, TrainerRef], Awaitable[PlatformJob]],
@@ -124,70 +136,50 @@ async def await_state(
     ``beside``: work started with the wait that can only end once the trainer is there (the
     model opened while it boots): its end ends the wait too (the caller awaits it for its
     outcome); any other way out of the wait cancels it first."""
-    try:
-        return await _await_state(
-            ctx, poll, targets, policy, timeout_type, what, death_is_loss, beside
-        )
-    except BaseException:
-        if beside is not None:
-            beside.cancel()  # (a no-op once it ended: its outcome is collected all the same)
-            await asyncio.gather(beside, return_exceptions=True)
-        raise
-
-
-async def _await_state(
-    ctx: JobContext,
-    poll: Callable[[Any, TrainerRef], Awaitable[PlatformJob]],
-    targets: set[str],
-    policy: ActivityPolicy,
-    timeout_type: str,
-    what: str,
-    death_is_loss: bool,
-    beside: asyncio.Future[None] | None,
-) -> PlatformJob | None:
-    if ctx.event_state in targets:
-        return None
-    # The recovery's first wait (RECOVERING) is neither paused nor continued.
-    interruptible = ctx.stage is not Phase.RECOVERING
-
-    def event_says() -> bool:
-        if ctx.cancel_seen() or (beside is not None and beside.done()):
-            return True
-        if interruptible and (ctx.pause_requested or ctx.history_long()):
-            return True
+    async with _cancelled_on_error(beside):
         if ctx.event_state in targets:
-            return True
-        return death_is_loss and ctx.event_state in DEAD
+            return None
+        # The recovery's first wait (RECOVERING) is neither paused nor continued.
+        interruptible = ctx.stage is not Phase.RECOVERING
 
-    ctx.stop_if_cancelled()
-    handle = workflow.start_activity_method(
-        poll, ctx.ref(), **ctx.options(policy), summary=f"wait for {what}"
-    )
-    waiter = asyncio.ensure_future(workflow.wait_condition(event_says))
-    await ctx.race(handle, waiter)
-    if handle.done():
-        waiter.cancel()
-        try:
-            job = handle.result()
-        except ActivityError as err:
-            ctx.raise_mapped(err, timeout_type, what)
-        ctx.observe(job)
-        return job
-    there_beside = beside is not None and beside.done()
-    if interruptible and not ctx.cancel_seen() and not there_beside:
-        await ctx.maybe_continue_as_new()  # (the poll is left behind with the old run)
-    handle.cancel()
-    with contextlib.suppress(ActivityError):
-        await handle
-    # The poll's cancellation is expected; a cancel request meanwhile surfaces as it.
-    ctx.stop_if_cancelled()
-    if there_beside:
-        return None
-    if interruptible and ctx.pause_requested:
-        raise PauseNow()
-    if ctx.event_state in targets:
-        return None
-    raise ctx.death_event()
+        def event_says() -> bool:
+            if ctx.cancel_seen() or (beside is not None and beside.done()):
+                return True
+            if interruptible and (ctx.pause_requested or ctx.history_long()):
+                return True
+            if ctx.event_state in targets:
+                return True
+            return death_is_loss and ctx.event_state in DEAD
+
+        ctx.stop_if_cancelled()
+        handle = workflow.start_activity_method(
+            poll, ctx.ref(), **ctx.options(policy), summary=f"wait for {what}"
+        )
+        waiter = asyncio.ensure_future(workflow.wait_condition(event_says))
+        await ctx.race(handle, waiter)
+        if handle.done():
+            waiter.cancel()
+            try:
+                job = handle.result()
+            except ActivityError as err:
+                ctx.raise_mapped(err, timeout_type, what)
+            ctx.observe(job)
+            return job
+        there_beside = beside is not None and beside.done()
+        if interruptible and not ctx.cancel_seen() and not there_beside:
+            await ctx.maybe_continue_as_new()  # (the poll is left behind with the old run)
+        handle.cancel()
+        with contextlib.suppress(ActivityError):
+            await handle
+        # The poll's cancellation is expected; a cancel request meanwhile surfaces as it.
+        ctx.stop_if_cancelled()
+        if there_beside:
+            return None
+        if interruptible and ctx.pause_requested:
+            raise PauseNow()
+        if ctx.event_state in targets:
+            return None
+        raise ctx.death_event()
 
 
 async def delete(ctx: JobContext) -> None:
