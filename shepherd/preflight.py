@@ -61,6 +61,11 @@ _BACKENDS = " backends="
 #: server (well under a second): a queue is looked at again for this long before a
 #: submission is refused for having no worker.
 POLLER_GRACE = timedelta(seconds=2)
+#: A worker says it is ready (``--ready-file``) once the server lists its pollers, which a
+#: submission checks: on a loaded machine the first poll took longer than POLLER_GRACE
+#: (a submission right after "ready" was refused, test_worker_crash). Bounded, so a worker
+#: whose server never lists pollers still starts (it says ready without it).
+LISTED_WITHIN = timedelta(seconds=30)
 
 
 class SubmissionRefused(ValueError):
@@ -151,6 +156,20 @@ def parse_identity(identity: str) -> dict[str, set[str] | None]:
         if sep and kind in ADVERTISED:
             out[kind] = None if names == "*" else {n for n in names.split(",") if n}
     return out
+
+
+async def until_polled(client: Client, task_queue: str, timeout: timedelta = LISTED_WITHIN) -> bool:
+    """Until the server lists a poller of ``task_queue`` for workflows and for activities
+    (False: not within ``timeout``)."""
+    kinds = (TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW, TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout.total_seconds()
+    for kind in kinds:
+        while not await pollers(client, task_queue, kind):
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(0.05)
+    return True
 
 
 async def pollers(client: Client, task_queue: str, kind: TaskQueueType.ValueType) -> list[Any]:

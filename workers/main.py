@@ -38,7 +38,7 @@ from activities.recovery import RecoveryActivities
 from activities.scheduling import SchedulingActivities
 from activities.sweeps import SweepActivities
 from activities.training import TrainingActivities
-from shepherd import loops, programs
+from shepherd import loops, preflight, programs
 from shepherd.logging import configure_logging
 from shepherd.preflight import worker_identity
 from shepherd.temporal import (
@@ -286,6 +286,9 @@ async def run_worker(
             backends=sorted(registry.profiles),
         )
         if ready_file:
+            for queue in queues:  # (ready: a submission to its queues is accepted)
+                if not await preflight.until_polled(client, queue):
+                    log.warning("worker.pollers_not_listed", task_queue=queue)
             tmp = ready_file.with_suffix(".tmp")
             tmp.write_text(json.dumps({"pid": os.getpid(), "task_queues": queues}))
             os.replace(tmp, ready_file)

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
@@ -24,10 +23,9 @@ from temporalio.worker import Worker
 
 from localplane.admin import PlaneAdmin
 from localplane.process import PlaneProcess
-from shepherd import binaries
+from shepherd import binaries, preflight
 from shepherd import search_attributes as sa
 from shepherd.models import JobInput, JobStatus
-from shepherd.preflight import pollers
 from shepherd.spec import JobSpec, validate_spec
 from tests.helpers import Account
 from tests.plane import cookbook_support as cb
@@ -182,13 +180,9 @@ async def worker_for(
         yield workers[0]
 
 
-async def until_polled(client: Client, task_queue: str, timeout: float = 30.0) -> None:
+async def until_polled(client: Client, task_queue: str) -> None:
     """Until the server lists a poller of ``task_queue`` for workflows and for activities."""
-    kinds = (TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW, TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY)
-    async with asyncio.timeout(timeout):
-        for kind in kinds:
-            while not await pollers(client, task_queue, kind):
-                await asyncio.sleep(0.05)
+    assert await preflight.until_polled(client, task_queue), f"no poller of {task_queue}"
 
 
 @contextlib.asynccontextmanager
