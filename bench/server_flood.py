@@ -225,7 +225,11 @@ def main() -> None:
         help="raise the Runner's priority (key 1) before the burst",
     )
     parser.add_argument("--memory", action="store_true", help="the server's state in memory")
-    print(json.dumps(asyncio.run(run(parser.parse_args())), indent=2))
+    args = parser.parse_args()
+    # The dev server writes its banner on the stdout it inherits: ours carries the JSON only.
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    print(json.dumps(asyncio.run(run(args)), indent=2), file=out, flush=True)
 
 
 if __name__ == "__main__":
