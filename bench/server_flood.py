@@ -130,7 +130,11 @@ async def slow_step(handle: Any) -> dict[str, float]:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    db = None if args.memory else str(Path(tempfile.mkdtemp(prefix="flood-")) / "temporal.db")
+    with tempfile.TemporaryDirectory(prefix="flood-") as tmp:  # (the SQLite file goes with it)
+        return await flood(args, None if args.memory else str(Path(tmp) / "temporal.db"))
+
+
+async def flood(args: argparse.Namespace, db: str | None) -> dict[str, Any]:
     async with await WorkflowEnvironment.start_local(
         dev_server_existing_path=binaries.temporal(),
         dev_server_database_filename=db,
@@ -170,10 +174,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 )
             cpu0 = (cpu_s(server) if server else 0.0, cpu_s(os.getpid()))
             gate = asyncio.Semaphore(args.concurrency)
-            started = 0
 
             async def start(i: int) -> None:
-                nonlocal started
                 async with gate:
                     await client.start_workflow(
                         Burst.run,
@@ -182,7 +184,6 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         task_queue=queue,
                         priority=Priority(priority_key=BURST_KEY),
                     )
-                    started += 1
 
             t0 = time.monotonic()
             burst = asyncio.ensure_future(asyncio.gather(*(start(i) for i in range(args.n))))

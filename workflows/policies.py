@@ -118,9 +118,9 @@ WARMUP_ATTEMPT_BUDGET = timedelta(seconds=5)
 #: boots in ~50 ms, and the RUNNING event's delivery plus a workflow task cost 0.15-0.4 s
 #: of every handover under load (bench/scale.py). (Started at the create, for an admitted
 #: job, it measured no better: on a busy worker the create's own workflow task comes about
-#: when the placement's event does, and a queued trainer would be probed while it waits.) Until the route exists each 404 is checked
-#: against the control plane, and the next try follows BOOT_PROBE_SHARE of the time booted
-#: so far, at least BOOT_PROBE_FIRST, at most BOOT_PROBE_CAP: the boot's end is seen at most
+#: when the placement's event does, and a queued trainer would be probed while it waits.)
+#: Until the route exists each 404 is checked against the control plane, and the next try
+#: follows BOOT_PROBE_SHARE of the time booted so far, at least BOOT_PROBE_FIRST, at most BOOT_PROBE_CAP: the boot's end is seen at most
 #: a quarter of its length late (a warm trainer's, within 20 ms), and a boot of minutes costs
 #: two requests a second. (Not a doubling per try: the open and the probes share the wait,
 #: and a count of tries would double twice as fast, 0.3 s late after a 0.1 s boot.)
