@@ -278,9 +278,10 @@ def sweep(data_dir: Path) -> int:
 def delete(data_dir: Path, account: str, job: str, checkpoint: str) -> bool:
     """Remove a checkpoint: the sidecar first, so it is never listed without its data."""
     meta = meta_path(data_dir, account, job, checkpoint)
-    if not meta.exists():
+    try:
+        meta.unlink()
+    except FileNotFoundError:  # never there, or a concurrent sweep took it first
         return False
-    meta.unlink()
     data_path(data_dir, account, job, checkpoint).unlink(missing_ok=True)
     fsync_dir(meta.parent)
     return True

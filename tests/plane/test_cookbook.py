@@ -130,9 +130,12 @@ def test_dpo_custom_loss_rest_surface_and_checkpoint_ttl(
     def files() -> list[str]:
         return sorted(p.stem for p in job_dir.glob("*.json"))
 
-    assert len(files()) > 1
-    assert sdk_http.sweep_checkpoints() >= 1
+    before = files()
+    swept = sdk_http.sweep_checkpoints()
     assert files() == ["final"]
+    # The plane's own sweep (every minute) may have come first on a slow run; otherwise the
+    # files were there until this one.
+    assert swept >= 1 or before == ["final"], (before, swept)
 
     # A checkpoint deleted by its tinker path is gone; deleting it again says so.
     rest.delete_checkpoint_from_tinker_path(final["sampler_path"]).result(RESULT_TIMEOUT)
