@@ -108,6 +108,11 @@ class PlaneConfig(_Camel):
     #: is a 415 — so a test can prove a client (or a proxy in front of a tinker-SDK program)
     #: really speaks JSON.
     trainer_protobuf: bool = True
+    #: Whether trainers started from now on are forked from the plane's fork server (a process
+    #: that has imported what a trainer needs: a start costs milliseconds of CPU) or started
+    #: from scratch (Python and NumPy imported again: about half a second of CPU each, what
+    #: the plane falls back to when the fork server cannot start).
+    fork_trainers: bool = True
     #: How long an async promotion takes to finish.
     promotion_seconds: float = Field(default=0.2, ge=0, le=3600)
     #: After a trainer dies, the job shows JOB_STATE_CREATING this long before FAILED (the

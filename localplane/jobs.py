@@ -10,6 +10,7 @@ decides from *why* it exited what the job's next state is.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import json
 import os
@@ -28,6 +29,7 @@ from localplane import logs as trainer_logs
 from localplane.config import PlaneConfig
 from localplane.errors import AlreadyExists, FailedPrecondition, NotFound
 from localplane.events import EventBus
+from localplane.forks import ForkedTrainer, Zygote
 from localplane.gateway import Gateway
 from localplane.storage import JobRecord, Storage
 from localplane.trainer.config import TrainerConfig
@@ -42,20 +44,6 @@ log = structlog.stdlib.get_logger("localplane.jobs")
 TRAINER_START_TIMEOUT_S = 120.0
 #: Grace between SIGTERM and SIGKILL when stopping a trainer.
 STOP_GRACE_S = 3.0
-#: Trainer processes kept started ahead of need (Python and NumPy imported: about a second
-#: on a small machine), so a granted slot serves within milliseconds plus the configured
-#: ``bootDelaySeconds``, which alone models a platform's boot. Filled from the first start.
-#: One per slot, up to this many: jobs started together end together, and a burst of freed
-#: slots each wants a process at once (with 2 kept for 4 slots, the 3rd and 4th cold
-#: starts made the p95 of "slot freed -> next training" in bench/scale.py).
-WARM_TRAINERS = 4
-
-
-def warm_pool_size(capacity: int) -> int:
-    """Trainer processes kept warm for a plane of ``capacity`` slots."""
-    return min(max(capacity, 1), WARM_TRAINERS)
-
-
 MSG_PREEMPTED = "trainer preempted: its node was reclaimed (spot preemption); resume the job to get a new trainer"
 MSG_RESTARTED = (
     "trainer lost: the platform restarted while it was running; resume the job to get a new trainer"
@@ -73,12 +61,16 @@ def _set_parent_death_signal() -> None:
     libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+#: A trainer process: forked by the zygote, or (without one) the plane's own child.
+TrainerProcess = ForkedTrainer | asyncio.subprocess.Process
+
+
 @dataclass(eq=False)
 class Trainer:
     account: str
     job: str
     generation: int
-    process: asyncio.subprocess.Process | None = None
+    process: TrainerProcess | None = None
     port: int | None = None
     #: Why the plane is stopping it: None (it died by itself), "delete", "preempt", "stop".
     intent: str | None = None
@@ -114,8 +106,9 @@ class JobService:
         self.trainers: dict[tuple[str, str], Trainer] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopping = False
-        self._warm: list[asyncio.subprocess.Process] = []
-        self._warming = 0
+        #: Trainers are forked from it (localplane/forks.py); started with the plane.
+        self._zygote = Zygote(data_dir, _set_parent_death_signal)
+        self._zygote_starting: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -127,16 +120,19 @@ class JobService:
                 self._transition(rec, JobState.DELETED, "deleted")
             else:
                 self._transition(rec, JobState.FAILED, MSG_RESTARTED, code="UNAVAILABLE")
+        if self._config().fork_trainers:
+            self._zygote_starting = self._spawn(self._start_zygote())  # the plane serves meanwhile
         self.schedule()
+
+    async def _start_zygote(self) -> None:
+        try:
+            await self._zygote.start()
+        except (OSError, TimeoutError) as exc:  # trainers are then started from scratch
+            log.warning("trainer.zygote_failed", error=str(exc))
 
     async def stop(self) -> None:
         """Stop every trainer (the next start marks their jobs FAILED: platform restarted)."""
         self._stopping = True
-        for process in self._warm:
-            process.kill()
-        for process in self._warm:
-            await process.wait()
-        self._warm.clear()
         trainers = list(self.trainers.values())
         for t in trainers:
             if t.process and t.process.returncode is None:
@@ -148,6 +144,7 @@ class JobService:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._zygote.stop()
 
     def _reap_orphan(self, rec: JobRecord) -> None:
         """Kill a trainer a crashed plane left running, if that pid is still ours."""
@@ -376,55 +373,34 @@ class JobService:
             keys_file=self._keys_file(rec.account_id),
         )
 
-    async def _exec_trainer(self, argv: list[str]) -> asyncio.subprocess.Process:
+    async def _start_process(self, argv: list[str]) -> TrainerProcess:
+        """Forked from the zygote; started from scratch when there is none (it failed to
+        start, or died: the next start tries a new one)."""
+        if not self._config().fork_trainers:
+            return await self._exec_trainer(argv)
+        if self._zygote_starting is None or (
+            self._zygote_starting.done() and not self._zygote.alive and not self._stopping
+        ):
+            self._zygote_starting = self._spawn(self._start_zygote())
+        await asyncio.shield(self._zygote_starting)
+        with contextlib.suppress(OSError):
+            return await self._zygote.fork(argv)
+        return await self._exec_trainer(argv)
+
+    @staticmethod
+    async def _exec_trainer(argv: list[str]) -> asyncio.subprocess.Process:
         return await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
             "localplane.trainer",
             *argv,
-            stdin=asyncio.subprocess.PIPE
-            if argv[0].startswith("--warm")
-            else asyncio.subprocess.DEVNULL,
+            stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
             preexec_fn=_set_parent_death_signal,
             start_new_session=True,  # Ctrl-C on the plane's terminal is the plane's to handle
         )
-
-    async def _take_warm(self, argv: list[str]) -> asyncio.subprocess.Process | None:
-        """A warm trainer process handed this job's arguments, or None (none is ready)."""
-        taken = None
-        while self._warm and taken is None:
-            process = self._warm.pop(0)
-            if process.returncode is not None or process.stdin is None:
-                continue
-            try:
-                process.stdin.write(json.dumps(argv).encode() + b"\n")
-                await process.stdin.drain()
-                process.stdin.close()
-                taken = process
-            except (BrokenPipeError, ConnectionResetError):
-                process.kill()
-        self._spawn(self._keep_warm())
-        return taken
-
-    async def _keep_warm(self) -> None:
-        wanted = warm_pool_size(self._config().capacity)
-        while not self._stopping and len(self._warm) + self._warming < wanted:
-            self._warming += 1
-            try:
-                process = await self._exec_trainer([f"--warm={self.data_dir}"])
-            except OSError as exc:
-                log.warning("trainer.warm_start_failed", error=str(exc))
-                return
-            finally:
-                self._warming -= 1
-            if self._stopping:
-                process.kill()
-                await process.wait()
-                return
-            self._warm.append(process)
 
     async def _run_trainer(self, t: Trainer, rec: JobRecord) -> None:
         """Own one trainer process from spawn to exit."""
@@ -440,7 +416,7 @@ class JobService:
             f"--tag={rec.account_id}-{rec.job_id}-{t.generation}",
         ]
         try:
-            t.process = await self._take_warm(argv) or await self._exec_trainer(argv)
+            t.process = await self._start_process(argv)
         except OSError as exc:
             self._on_exit(t, -1, f"trainer failed to start: {exc}")
             return

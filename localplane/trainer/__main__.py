@@ -10,7 +10,6 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = "1"
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -18,19 +17,15 @@ import setproctitle  # noqa: E402
 import structlog  # noqa: E402
 
 from localplane.errors import PlaneError  # noqa: E402
+from localplane.trainer import zygote  # noqa: E402
 from localplane.trainer.config import TrainerConfig  # noqa: E402
 from localplane.trainer.server import serve  # noqa: E402
 from shepherd.logging import configure_logging  # noqa: E402
 
 
-def _await_job() -> list[str] | None:
-    """Warm mode: everything is imported; wait for the plane to hand over a job's arguments
-    (one JSON line on stdin), then look like a trainer started for it (the process list is
-    how a restarted plane finds orphans). None: the plane closed stdin (not needed)."""
-    line = sys.stdin.readline()
-    if not line.strip():
-        return None
-    argv = [str(a) for a in json.loads(line)]
+def _as_started(argv: list[str]) -> list[str]:
+    """A forked trainer looks like one started with its arguments: the process list is how a
+    restarted plane finds orphans."""
     setproctitle.setproctitle(" ".join([sys.executable, "-m", "localplane.trainer", *argv]))
     return argv
 
@@ -40,14 +35,17 @@ def main() -> None:
     parser.add_argument("--config", type=Path)
     # Ignored here; it names the job in the process list so a restarted plane can reap orphans.
     parser.add_argument("--tag", default="")
-    # Started ahead of need (the value marks the plane's data directory): see _await_job.
-    parser.add_argument("--warm", default=None)
+    # The plane's fork server (the value marks the plane's data directory): localplane/forks.py.
+    parser.add_argument("--zygote", default=None)
+    parser.add_argument("--control-fd", type=int, default=None)
     args = parser.parse_args()
-    if args.warm is not None:
-        handed = _await_job()
+    if args.zygote is not None:
+        if args.control_fd is None:
+            parser.error("--zygote needs --control-fd")
+        handed = zygote.serve(args.control_fd)
         if handed is None:
             return
-        args = parser.parse_args(handed)
+        args = parser.parse_args(_as_started(handed))
     if args.config is None:
         parser.error("--config is required")
     cfg = TrainerConfig.from_json(args.config.read_text())
