@@ -50,6 +50,10 @@ class ClientProvider(Protocol):
         """Whether this worker bridges the backend's pushed events to the workflows."""
         ...
 
+    def admits(self, backend: str) -> bool:
+        """Whether Shepherd admits the backend's jobs (its profile declares its slots)."""
+        ...
+
 
 def log(**bound: Any) -> structlog.stdlib.BoundLogger:
     """A logger carrying the activity's workflow id, type and attempt (and ``bound``)."""

@@ -48,6 +48,18 @@ class ReadinessActivities:
         first = max(first, info.retry_policy.initial_interval)
         return policies.fallback_poll_delay(info.attempt, first, cap, random.random())
 
+    def _admitted_placement(self, ref: TrainerRef) -> timedelta | None:
+        """Without events, an admitted job's trainer is placed as the trainer whose slot it
+        took is deleted: look again soon, backing off to the poll interval
+        (``policies.ADMITTED_PLACEMENT_FIRST``). ``None``: the retry policy's poll."""
+        info = activity.info()
+        if info.is_local or info.retry_policy is None or not self.clients.admits(ref.backend):
+            return None
+        interval = info.retry_policy.initial_interval
+        return policies.fallback_poll_delay(
+            info.attempt, min(policies.ADMITTED_PLACEMENT_FIRST, interval), interval, 0.5
+        )
+
     @activity.defn(name="wait_for_placement")
     async def wait_for_placement(self, ref: TrainerRef) -> PlatformJob:
         """Returns once the job holds a slot (CREATING or RUNNING)."""
@@ -62,7 +74,9 @@ class ReadinessActivities:
                     ref,
                     policies.EVENT_FALLBACK_PLACEMENT_CAP,
                     policies.EVENT_FALLBACK_PLACEMENT_FIRST,
-                ),
+                )
+                if self.clients.events(ref.backend)
+                else self._admitted_placement(ref),
             )
         raise lost(job)
 

@@ -173,6 +173,10 @@ class BackendRegistry:
         profile = self.profiles.get(backend)
         return bool(profile and profile.events)
 
+    def admits(self, backend: str) -> bool:
+        profile = self.profiles.get(backend)
+        return bool(profile and profile.slots is not None)
+
     async def aclose(self) -> None:
         for client in self._clients.values():
             await client.aclose()

@@ -94,8 +94,8 @@ def test_why_a_trainer_died_from_the_platforms_words(
 class _Events:
     """A client provider whose backend does (or does not) push its events."""
 
-    def __init__(self, events: bool) -> None:
-        self._events = events
+    def __init__(self, events: bool, admits: bool = False) -> None:
+        self._events, self._admits = events, admits
 
     def client(self, backend: str) -> Any:
         raise AssertionError("no platform call expected")
@@ -103,22 +103,45 @@ class _Events:
     def events(self, backend: str) -> bool:
         return self._events
 
+    def admits(self, backend: str) -> bool:
+        return self._admits
 
-def _delay_after(attempt: int, *, events: bool) -> timedelta | None:
+
+def _env(attempt: int) -> ActivityEnvironment:
     env = ActivityEnvironment()
     env.info = dataclasses.replace(
         env.info,
         attempt=attempt,
         retry_policy=RetryPolicy(initial_interval=timedelta(seconds=5), backoff_coefficient=1.0),
     )
+    return env
+
+
+def _delay_after(attempt: int, *, events: bool) -> timedelta | None:
     acts = ReadinessActivities(_Events(events))
     ref = TrainerRef(backend="local", trainer_job_id="t")
-    return env.run(  # type: ignore[no-any-return]
+    return _env(attempt).run(  # type: ignore[no-any-return]
         acts._fallback,
         ref,
         policies.EVENT_FALLBACK_PLACEMENT_CAP,
         policies.EVENT_FALLBACK_PLACEMENT_FIRST,
     )
+
+
+def _admitted_delays(attempts: int, *, admits: bool) -> list[timedelta | None]:
+    acts = ReadinessActivities(_Events(events=False, admits=admits))
+    ref = TrainerRef(backend="local", trainer_job_id="t")
+    return [_env(a).run(acts._admitted_placement, ref) for a in range(1, attempts + 1)]
+
+
+def test_without_events_an_admitted_job_looks_for_its_placement_soon_then_at_the_poll() -> None:
+    # Its slot was given back as the last holder's trainer was being deleted: the platform
+    # places it within moments, not a 5 s poll later.
+    delays = _admitted_delays(8, admits=True)
+    seconds = [d.total_seconds() for d in delays if d is not None]
+    assert seconds == pytest.approx([0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0])
+    # Where the platform's own queue admits (no declared slots), the fixed poll stays.
+    assert _admitted_delays(3, admits=False) == [None, None, None]
 
 
 def test_with_events_a_job_waiting_for_a_slot_looks_again_only_minutes_later() -> None:
