@@ -28,6 +28,7 @@ from shepherd.scheduling import (
     SCHEDULER_TYPE,
     Ask,
     Capacity,
+    JobNotice,
     SchedulerInput,
     SchedulerState,
     scheduler_id,
@@ -142,6 +143,32 @@ class SchedulingActivities:
             if exc.status != RPCStatusCode.NOT_FOUND:
                 raise
             # No scheduler runs: nothing is held by anyone there.
+
+    @activity.defn(name="tell_jobs")
+    async def tell_jobs(self, notices: list[JobNotice]) -> list[str]:
+        """The scheduler's grants and make-way notices, each a signal to its job through the
+        client: a direct RPC, where a workflow's own signal to another waits in the server's
+        transfer queue (behind a burst's thousands of starts on the dev server: minutes, in
+        bench/admission.py at 10,000). Returns the jobs that are gone (no running
+        workflow), whose slots the scheduler takes back. A retry sends them all again: a job
+        keeps one grant and one notice per request."""
+        client = activity.client()
+
+        async def tell(notice: JobNotice) -> str | None:
+            handle = client.get_workflow_handle(notice.job)
+            try:
+                if notice.slot_granted is not None:
+                    await handle.signal("slot_granted", notice.slot_granted)
+                if notice.make_way is not None:
+                    await handle.signal("make_way", notice.make_way)
+            except RPCError as exc:
+                if exc.status != RPCStatusCode.NOT_FOUND:
+                    raise
+                return notice.job
+            return None
+
+        told = await asyncio.gather(*(tell(n) for n in notices))
+        return [job for job in told if job is not None]
 
     @activity.defn(name="closed_jobs")
     async def closed_jobs(self, jobs: list[str]) -> list[str]:

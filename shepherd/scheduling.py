@@ -414,6 +414,14 @@ class MakeWay(_Model):
     reason: str
 
 
+class JobNotice(_Model):
+    """The scheduler's word to one job (activity ``tell_jobs``): its slot, or make way."""
+
+    job: str
+    slot_granted: SlotGrant | None = None
+    make_way: MakeWay | None = None
+
+
 class Placement(_Model):
     """Where a waiting job stands (the scheduler's ``where`` query)."""
 

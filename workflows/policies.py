@@ -397,6 +397,13 @@ def hold_queue(control_queue: str) -> str:
 # activities: each is idempotent on the scheduler's side, so retried until it lands.
 
 #: The scheduler's own activities (which of its jobs are closed): retried as any lookup.
+#: The scheduler's word to its jobs (``tell_jobs``): until it lands — a grant not delivered
+#: holds a slot nobody uses (a gone job is not an error: it is returned and dropped).
+SCHEDULER_TELL_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
+)
 SCHEDULER_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
     backoff_coefficient=2.0,

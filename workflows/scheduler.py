@@ -38,6 +38,7 @@ with workflow.unsafe.imports_passed_through():
         Capacity,
         Checkpointed,
         Holder,
+        JobNotice,
         MakeWay,
         Placement,
         QueueConfig,
@@ -52,7 +53,7 @@ with workflow.unsafe.imports_passed_through():
         summarised,
     )
     from shepherd.spec import QUEUE_NAME
-    from workflows import policies
+    from workflows import policies, versions
 
 #: How often the Web UI's page of the scheduler is rewritten, at most.
 DETAILS_EVERY = timedelta(seconds=2)
@@ -125,7 +126,7 @@ class SchedulerWorkflow:
     async def _decide(self) -> None:
         now = workflow.now()
         decided = plan(self.s, now)
-        sends = []
+        notices: list[JobNotice] = []
         for ask in decided.grants:
             self.s.waiting = [a for a in self.s.waiting if a.job != ask.job]
             self.s.reserved.pop(ask.job, None)
@@ -146,21 +147,36 @@ class SchedulerWorkflow:
             grant = SlotGrant(
                 seq=ask.seq, backend=self.s.backend, queue=ask.queue, arrival=ask.arrival
             )
-            sends.append(self._tell(ask.job, "slot_granted", grant))
+            notices.append(JobNotice(job=ask.job, slot_granted=grant))
         for y in decided.yields:
             self.s.yielding[y.victim] = y
             cause = "reclaim" if y.reason.startswith("reclaim") else "priority"
             self.s.preemptions[cause] = self.s.preemptions.get(cause, 0) + 1
             holder = self.s.holders[y.victim]
-            sends.append(
-                self._tell(
-                    y.victim,
-                    "make_way",
-                    MakeWay(seq=holder.seq, for_job=y.for_job, reason=y.reason),
-                )
+            notice = MakeWay(seq=holder.seq, for_job=y.for_job, reason=y.reason)
+            notices.append(JobNotice(job=y.victim, make_way=notice))
+        if not notices:
+            return
+        if workflow.patched(versions.TELL_JOBS_BY_ACTIVITY):
+            gone: list[str] = await workflow.execute_activity_method(
+                SchedulingActivities.tell_jobs,
+                notices,
+                start_to_close_timeout=timedelta(minutes=1),
+                retry_policy=policies.SCHEDULER_TELL_RETRY,
+                summary=f"tell {len(notices)} job(s)",
             )
-        if sends:
-            await asyncio.gather(*sends)
+            for job in gone:
+                workflow.logger.info("job %s is gone: its slot comes back", job)
+                self._drop(job)
+            return
+        await asyncio.gather(
+            *(
+                self._tell(n.job, "slot_granted", n.slot_granted)
+                if n.slot_granted is not None
+                else self._tell(n.job, "make_way", n.make_way)
+                for n in notices
+            )
+        )
 
     async def _tell(self, job: str, signal: str, what: object) -> None:
         """Signal a job; a job that is gone gives back what it had (it runs no cleanup)."""

@@ -41,6 +41,11 @@ PROGRAM_STEP_LISTED = "program-step-listed"
 #: beside the wait for RUNNING: jobs before it started only once RUNNING was seen.
 PREPARE_WHILE_BOOTING = "prepare-while-booting"
 
+#: The scheduler tells jobs of their grants (and asks them to make way) through an activity
+#: that signals them by RPC, not by the workflow's own signals, which the server delivers
+#: from its transfer queue (minutes late behind a burst of starts).
+TELL_JOBS_BY_ACTIVITY = "tell-jobs-by-activity"
+
 #: Patches since the baseline, oldest first: (id, what changed, when it may be deprecated).
 PATCHES: tuple[tuple[str, str, str], ...] = (
     (
@@ -69,5 +74,11 @@ PATCHES: tuple[tuple[str, str, str], ...] = (
         "a trainer's work gets ready from its placement on, beside the wait for RUNNING",
         # Released 2026-11-28, plus the longest job lifetime (30 days).
         "2026-12-29",
+    ),
+    (
+        TELL_JOBS_BY_ACTIVITY,
+        "the scheduler's grants and make-way notices are sent by an activity",
+        # Released 2026-11-29, plus the longest job lifetime (30 days).
+        "2026-12-30",
     ),
 )
