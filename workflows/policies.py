@@ -120,9 +120,9 @@ WARMUP_ATTEMPT_BUDGET = timedelta(seconds=5)
 #: job, it measured no better: on a busy worker the create's own workflow task comes about
 #: when the placement's event does, and a queued trainer would be probed while it waits.)
 #: Until the route exists each 404 is checked against the control plane, and the next try
-#: follows BOOT_PROBE_SHARE of the time booted so far, at least BOOT_PROBE_FIRST, at most BOOT_PROBE_CAP: the boot's end is seen at most
-#: a quarter of its length late (a warm trainer's, within 20 ms), and a boot of minutes costs
-#: two requests a second. (Not a doubling per try: the open and the probes share the wait,
+#: follows BOOT_PROBE_SHARE of the time booted so far, at least BOOT_PROBE_FIRST, at most
+#: BOOT_PROBE_CAP: the boot's end is seen at most a quarter of its length late (a forked
+#: trainer's, within 20 ms), and a boot of minutes costs two requests a second. (Not a doubling per try: the open and the probes share the wait,
 #: and a count of tries would double twice as fast, 0.3 s late after a 0.1 s boot.)
 BOOT_PROBE_FIRST = timedelta(milliseconds=20)
 BOOT_PROBE_SHARE = 0.25
@@ -397,19 +397,15 @@ def hold_queue(control_queue: str) -> str:
 # activities: each is idempotent on the scheduler's side, so retried until it lands.
 
 #: The scheduler's own activities (which of its jobs are closed): retried as any lookup.
-#: The scheduler's word to its jobs (``tell_jobs``): until it lands — a grant not delivered
-#: holds a slot nobody uses (a gone job is not an error: it is returned and dropped).
-SCHEDULER_TELL_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(seconds=30),
-)
 SCHEDULER_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
     backoff_coefficient=2.0,
     maximum_interval=timedelta(seconds=30),
     maximum_attempts=10,
 )
+#: The scheduler's word to its jobs (``tell_jobs``): the same, until it lands — a grant not
+#: delivered holds a slot nobody uses (a gone job is not an error: it is returned and dropped).
+SCHEDULER_TELL_RETRY = replace(SCHEDULER_RETRY, maximum_attempts=0)
 # --------------------------------------------------------------------- history budget
 # Temporal warns at 10,240 events (or 10 MiB) of one run's history and terminates the
 # workflow at 51,200 (50 MiB), with no cleanup. A job continues-as-new before the warning,

@@ -165,9 +165,7 @@ class SchedulerWorkflow:
                 retry_policy=policies.SCHEDULER_TELL_RETRY,
                 summary=f"tell {len(notices)} job(s)",
             )
-            for job in gone:
-                workflow.logger.info("job %s is gone: its slot comes back", job)
-                self._drop(job)
+            self._take_back(gone, "is gone")
             return
         await asyncio.gather(
             *(
@@ -221,8 +219,12 @@ class SchedulerWorkflow:
             retry_policy=policies.SCHEDULER_RETRY,
             summary=f"which of {len(jobs)} jobs are closed",
         )
-        for job in closed:
-            workflow.logger.info("job %s closed without giving its slot back: taken back", job)
+        self._take_back(closed, "closed without giving its slot back")
+
+    def _take_back(self, jobs: list[str], why: str) -> None:
+        """What ``jobs`` held or waited for, taken back (they run no cleanup)."""
+        for job in jobs:
+            workflow.logger.info("job %s %s: taken back", job, why)
             self._drop(job)
 
     # ------------------------------------------------------------------ messages
