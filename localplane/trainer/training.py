@@ -33,7 +33,7 @@ from localplane.trainer.errors import UserError
 from localplane.trainer.futures import Future, SequenceError, Sequencer
 from localplane.trainer.sampling import Samplers
 from localplane.trainer.sessions import Session
-from shepherd.tinker_wire.dialects import canonical_digest
+from shepherd.tinker_wire.dialects import canonical_digest, retry_varying
 from shepherd.tinker_wire.values import tensor_data
 
 log = structlog.stdlib.get_logger("localplane.trainer")
@@ -342,7 +342,7 @@ class Models:
         model = self.model(body)
         with validate.as_http():
             seq_id = validate.integer(body, "seq_id")
-        digest = canonical_digest(body, ignore=_ADDRESSING)
+        digest = canonical_digest(body, ignore=retry_varying(op, body))
         known = model.seq.window.get(seq_id) if seq_id is not None else None
         if known is None:
             # New work: refuse what this trainer cannot do before it takes a seq_id.

@@ -24,11 +24,8 @@ from shepherd.proxy.core import Core, NoTrainer, Refused
 from shepherd.proxy.settings import SEQ_GAP_HOLD_S
 from shepherd.proxy.state import Model, Op, Sampler, Session
 from shepherd.proxy.upstream import Detached, TrainerGone, Upstream
-from shepherd.tinker_wire.dialects import canonical_digest
+from shepherd.tinker_wire.dialects import canonical_digest, retry_varying
 
-#: Sampler-save fields the SDK changes between retries of the same save (tinker numbers the
-#: anonymous sampler afresh on each attempt): not part of what the request asks.
-_SAVE_ADDRESSING = ("type", "sampling_session_seq_id")
 #: Sample-request fields that name where it goes rather than what it asks (the trainer's).
 _SAMPLE_ADDRESSING = ("sampling_session_id", "seq_id", "type", "model_path", "base_model")
 #: get_info extras that describe the trainer's own bookkeeping, not the program's model.
@@ -347,7 +344,7 @@ class ProgramApi:
         model = self._model(body.get("model_id"))
         seq = _integer(body, "seq_id", required=False)
         anonymous = name == "save_weights_for_sampler" and body.get("path") is None
-        ignore = _SAVE_ADDRESSING if anonymous else ("type",)
+        ignore = retry_varying(name, body)
         if seq is None:  # a client that does not number its calls gets the next number
             seq = max([model.next_seq - 1, *model.ops]) + 1
         known = model.ops.get(seq)

@@ -115,6 +115,16 @@ def encode_result(
     return dumps(result), JSON
 
 
+def retry_varying(op: str, body: dict[str, Any]) -> tuple[str, ...]:
+    """Fields of a sequenced request that name it rather than say what it asks, and may differ
+    between a retry and its original: ``type`` always, and an anonymous sampler save's
+    ``sampling_session_seq_id`` (tinker numbers that sampler afresh on every attempt of the
+    same save, ``TrainingClient.save_weights_for_sampler``'s ``_send_request``)."""
+    if op == "save_weights_for_sampler" and body.get("path") is None:
+        return ("type", "sampling_session_seq_id")
+    return ("type",)
+
+
 def canonical_digest(body: Any, *, ignore: Iterable[str] = ()) -> str:
     """sha256 of a request body's content, the same whichever dialect or key order it came in.
 

@@ -95,6 +95,20 @@ async def test_order_dedupe_and_future_outcomes(account: Account) -> None:
     with pytest.raises(TrainerHTTPError) as clash:
         await shuffled.submit("forward", shuffled.forward_body(batch(1)), seq_id=4)
     assert clash.value.status == 400 and "already used" in clash.value.message
+    # tinker numbers an anonymous sampler afresh on every attempt of the same save: a retry
+    # with another sampling_session_seq_id is the same save (the first one's sampler), while
+    # a named save with another path is not.
+    save = await shuffled.submit("save_weights_for_sampler", {"sampling_session_seq_id": 7})
+    retry = await shuffled.submit(
+        "save_weights_for_sampler", {"sampling_session_seq_id": 8}, seq_id=shuffled.seq_id
+    )
+    assert retry["request_id"] == save["request_id"]
+    assert (await api.result(retry))["sampling_session_id"].endswith(":sample:7")
+    named = {"path": "kept"}
+    await api.result(await shuffled.submit("save_weights_for_sampler", named))
+    with pytest.raises(TrainerHTTPError) as renamed:
+        await shuffled.submit("save_weights_for_sampler", {"path": "other"}, seq_id=shuffled.seq_id)
+    assert renamed.value.status == 400 and "body differs" in renamed.value.message
 
     # What the trainer does not support is refused at once, naming the field and what is
     # supported; the seq_id stays free.
