@@ -52,6 +52,7 @@ def seed(profile: Any, backend: str) -> SchedulerState:
         capacity=Capacity(
             slots=int(getattr(profile, "slots", 0) or 0),
             capabilities=list(getattr(profile, "capabilities", []) or []),
+            pools=dict(getattr(profile, "pools", {}) or {}),
         ),
         queues=dict(getattr(profile, "queues", {}) or {}),
         holder_check_s=float(getattr(profile, "holder_check_s", 30.0) or 30.0),

@@ -18,7 +18,7 @@ from shepherd import preflight
 from shepherd import search_attributes as sa
 from shepherd.models import JobInput, JobStatus
 from shepherd.phases import Phase
-from shepherd.scheduling import task_priority
+from shepherd.scheduling import pool_of, task_priority
 from shepherd.spec import (
     JobSpec,
     has_templates,
@@ -154,6 +154,15 @@ async def check_workers(client: Client, spec: JobSpec, task_queue: str, prefix: 
         spec.backend,
         spec.scheduling.required_capabilities,
         f"{prefix}scheduling.required_capabilities",
+    )
+    await preflight.check_pool(
+        client,
+        activities,
+        spec.backend,
+        pool_of(spec.trainer.training_shape, spec.trainer.accelerator_type),
+        f"{prefix}trainer.training_shape"
+        if spec.trainer.training_shape
+        else f"{prefix}trainer.accelerator_type",
     )
     if spec.training.program is not None:
         await preflight.check_registered(

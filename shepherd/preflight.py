@@ -123,7 +123,7 @@ def reuse_policy(rerun: bool) -> WorkflowIDReusePolicy:
 #: What a worker advertises, each as `` <kind>=name,name`` after its pid@host: the backend
 #: profiles it reaches, the training loops registered with it (and, room for them, the
 #: programs). Names never hold spaces or commas (spec.BACKEND_NAME, spec.LOOP_NAME).
-ADVERTISED = ("backends", "loops", "programs", "caps")
+ADVERTISED = ("backends", "loops", "programs", "caps", "pools")
 #: Temporal refuses identities longer than its id limit (1000 by default): a list that
 #: would not fit is advertised as "*" (not listed: nothing can be said about it).
 MAX_IDENTITY = 900
@@ -135,12 +135,14 @@ def worker_identity(
     loops: Iterable[str] | None = None,
     programs: Iterable[str] | None = None,
     capabilities: Iterable[str] | None = None,
+    pools: Iterable[str] | None = None,
 ) -> str:
     """A worker's Temporal identity, advertising the backend profiles it can reach and
     the loops (programs) registered with it; a submission reads them back from the task
     queue's pollers (:func:`advertised`)."""
     identity = f"{os.getpid()}@{socket.gethostname()}{_BACKENDS}{','.join(sorted(backends))}"
-    for kind, names in (("loops", loops), ("programs", programs), ("caps", capabilities)):
+    kinds = (("loops", loops), ("programs", programs), ("caps", capabilities), ("pools", pools))
+    for kind, names in kinds:
         if names is None:
             continue
         listed = f" {kind}={','.join(sorted(names))}"
@@ -238,6 +240,26 @@ async def check_capabilities(
             f"backend {backend!r} declares no capability {', '.join(missing)} on any worker "
             f"of task queue {task_queue!r} (it declares: {', '.join(sorted(offered)) or 'none'}; "
             "see SHEPHERD_BACKEND_<NAME>_CAPABILITIES)",
+        )
+
+
+async def check_pool(
+    client: Client, task_queue: str, backend: str, pool: str | None, field: str
+) -> None:
+    """Refuse a job whose kind of trainer (its pool: training shape or accelerator type) has
+    no slots where its backend's profile divides its slots into pools (the workers advertise
+    ``<backend>/<pool>``; a backend that declares none takes every job)."""
+    declared = await advertised(client, task_queue, "pools")
+    if declared is None:
+        return
+    pools = {p.partition("/")[2] for p in declared if p.partition("/")[0] == backend}
+    if pools and pool not in pools:
+        named = f"names {pool!r}" if pool else "names neither"
+        raise SubmissionRefused(
+            field,
+            f"backend {backend!r} has slots for {', '.join(sorted(pools))} only (its pools, "
+            f"SHEPHERD_BACKEND_<NAME>_POOLS); the job {named}: set trainer.accelerator_type "
+            "or trainer.training_shape to one of them",
         )
 
 

@@ -16,9 +16,14 @@ workflows/scheduler.py, runs it over its state; the CLI reads the same state):
 * **Admission.** A free slot goes to the first request in that order whose queue may take
   it: under its quota, or borrowing within its ``borrow_limit``; and only where the backend
   has every capability the job requires.
+* **Pools.** A backend whose trainers are not all alike declares its slots per accelerator
+  type or training shape (``Capacity.pools``): a job is admitted only to a slot of its own
+  pool, and a job waiting for one pool never holds up its queue's jobs for another.
 * **Preemption.** A request that cannot be admitted for want of a slot reclaims one: from the
   lowest-priority *preemptible* holder of its own queue with a lower priority, or — when its
-  queue is under its quota — from a holder of a queue that is borrowing. Never from a job that
+  queue is under its quota — from a holder of a queue that is borrowing; where the backend has
+  pools, from a holder of the same pool (unless the job's pool has room, and what it lacks is
+  the backend's or its queue's). Never from a job that
   has not checkpointed since it was admitted (the declared minimum) or was preempted less than
   ``PREEMPT_MIN_INTERVAL`` ago; one preemption at a time per waiting job; the slot it frees is
   reserved for the job it was freed for.
@@ -27,12 +32,13 @@ workflows/scheduler.py, runs it over its state; the CLI reads the same state):
 from __future__ import annotations
 
 import base64
+import re
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 from temporalio.common import Priority
 
 #: A job is preempted for another at most once in this long: a job that keeps being taken
@@ -41,6 +47,12 @@ from temporalio.common import Priority
 PREEMPT_MIN_INTERVAL = timedelta(minutes=10)
 #: The queue of a job whose spec names none.
 DEFAULT_QUEUE = "default"
+#: A pool's name: an accelerator type (``NVIDIA_H100_80GB``) or a training shape
+#: (``accounts/<a>/trainingShapes/<s>``); never a space or a comma (workers advertise them).
+POOL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,199}$")
+POOL_RULE = (
+    "an accelerator type or a training shape (1-200 letters, digits, '.', '_', ':', '/', '-')"
+)
 
 
 class _Model(BaseModel):
@@ -65,6 +77,27 @@ class Capacity(_Model):
 
     slots: int = Field(ge=0, le=100_000)
     capabilities: list[str] = Field(default_factory=list)
+    #: Slots per accelerator type or training shape, where the backend's trainers are not
+    #: all alike (``slots`` caps them together): a job is admitted only to a slot of its own
+    #: pool (:func:`pool_of` its spec). Empty: every slot serves every job.
+    pools: dict[str, int] = Field(default_factory=dict)
+
+    @field_validator("pools")
+    @classmethod
+    def _pools(cls, pools: dict[str, int]) -> dict[str, int]:
+        if problem := pools_problem(pools):
+            raise ValueError(problem)
+        return pools
+
+
+def pools_problem(pools: dict[str, int]) -> str | None:
+    """Why pools are refused (None: they are fine)."""
+    for name, slots in pools.items():
+        if not POOL_NAME.match(name):
+            return f"pools: {name!r} is not {POOL_RULE}"
+        if isinstance(slots, bool) or not isinstance(slots, int) or not 0 <= slots <= 100_000:
+            return f"pools: {name!r} has {slots!r} slots (a whole number, 0 to 100000)"
+    return None
 
 
 class Ask(_Model):
@@ -78,6 +111,8 @@ class Ask(_Model):
     priority: int = 5
     preemptible: bool = False
     capabilities: list[str] = Field(default_factory=list)
+    #: The kind of trainer it needs (:func:`pool_of` its spec; None: it names none).
+    pool: str | None = None
     #: The scheduler's order of arrival (set when it arrives; a job requeued after a
     #: preemption keeps its own).
     arrival: int = 0
@@ -94,6 +129,7 @@ class Holder(_Model):
     preemptible: bool
     arrival: int
     granted_at: datetime
+    pool: str | None = None
     #: It checkpointed since it was admitted: it may be preempted (it loses at most the
     #: steps since).
     checkpointed: bool = False
@@ -161,6 +197,15 @@ class SchedulerState(_Model):
             used[h.queue] = used.get(h.queue, 0) + 1
         return used
 
+    def pool_usage(self) -> dict[str, int]:
+        """Slots held in each pool (none where the backend declares no pools)."""
+        used: dict[str, int] = {}
+        if self.capacity.pools:
+            for h in self.holders.values():
+                if h.pool is not None:
+                    used[h.pool] = used.get(h.pool, 0) + 1
+        return used
+
 
 @dataclass
 class Plan:
@@ -189,6 +234,27 @@ def missing_capabilities(ask: Ask, capacity: Capacity) -> list[str]:
     return sorted(set(ask.capabilities) - set(capacity.capabilities))
 
 
+def unservable(ask: Ask, capacity: Capacity, backend: str) -> str | None:
+    """What the backend lacks to serve ``ask`` at all, in words (None: nothing)."""
+    if missing := missing_capabilities(ask, capacity):
+        return f"a backend with {', '.join(missing)} (backend {backend!r} has not)"
+    if capacity.pools and ask.pool not in capacity.pools:
+        kind = f"pool {ask.pool!r}" if ask.pool else "no accelerator type or training shape"
+        return (
+            f"a slot of its own kind: backend {backend!r} has slots for "
+            f"{', '.join(sorted(capacity.pools))} only, the job names {kind}"
+        )
+    return None
+
+
+def pool_of(training_shape: str | None, accelerator_type: str | None) -> str | None:
+    """The pool a job's trainer takes a slot of: its training shape (without a version: a
+    shape's versions run on the same trainers), else its accelerator type."""
+    if training_shape:
+        return training_shape.split("/versions/")[0]
+    return accelerator_type or None
+
+
 def _order(state: SchedulerState, asks: Iterable[Ask], used: dict[str, int]) -> list[Ask]:
     """``asks`` in the order they are served (see the module's doc)."""
 
@@ -203,54 +269,88 @@ def _order(state: SchedulerState, asks: Iterable[Ask], used: dict[str, int]) -> 
 def _may_take(state: SchedulerState, ask: Ask, used: dict[str, int]) -> bool:
     """Whether ``ask``'s queue may take one more slot (free slots aside)."""
     q = state.queue(ask.queue)
-    return used.get(ask.queue, 0) < q.quota + q.borrow_limit and not missing_capabilities(
-        ask, state.capacity
-    )
+    return used.get(ask.queue, 0) < q.quota + q.borrow_limit
+
+
+@dataclass
+class _Free:
+    """Slots free now: the backend's, and each pool's (where it declares pools). A slot
+    reserved for a job (a preemption freed it) is not free."""
+
+    slots: int
+    pools: dict[str, int]
+
+    def has_room(self, ask: Ask) -> bool:
+        return self.slots > 0 and self.pool_has_room(ask)
+
+    def pool_has_room(self, ask: Ask) -> bool:
+        return not self.pools or self.pools.get(ask.pool or "", 0) > 0
+
+    def take(self, ask: Ask) -> None:
+        self.slots -= 1
+        if self.pools and ask.pool in self.pools:
+            self.pools[ask.pool] -= 1
 
 
 def plan(state: SchedulerState, now: datetime) -> Plan:
     """Grants and preemptions for now (``state`` is not changed)."""
     used = state.usage()
-    free = state.capacity.slots - len(state.holders) - len(state.reserved)
+    cap = state.capacity
+    reserved = [a for a in state.waiting if a.job in state.reserved]
+    free = _Free(cap.slots - len(state.holders) - len(state.reserved), {})
+    if cap.pools:
+        held = state.pool_usage()
+        for a in reserved:
+            if a.pool is not None:
+                held[a.pool] = held.get(a.pool, 0) + 1
+        free.pools = {p: n - held.get(p, 0) for p, n in cap.pools.items()}
     grants: list[Ask] = []
     waiting = list(state.waiting)
     # A slot a preemption freed goes to the job it was freed for.
-    for ask in [a for a in waiting if a.job in state.reserved]:
+    for ask in reserved:
         grants.append(ask)
         used[ask.queue] = used.get(ask.queue, 0) + 1
         waiting.remove(ask)
-    while free > 0:
-        admissible = [a for a in _heads(state, waiting) if _may_take(state, a, used)]
+    while free.slots > 0:
+        admissible = [
+            a for a in _heads(state, waiting) if _may_take(state, a, used) and free.has_room(a)
+        ]
         if not admissible:
             break
         ask = _order(state, admissible, used)[0]
         grants.append(ask)
         used[ask.queue] = used.get(ask.queue, 0) + 1
         waiting.remove(ask)
-        free -= 1
-    return Plan(grants=grants, yields=_preemptions(state, waiting, used, now, no_slot=free <= 0))
+        free.take(ask)
+    return Plan(grants=grants, yields=_preemptions(state, waiting, used, now, free))
 
 
 def _heads(state: SchedulerState, waiting: list[Ask]) -> list[Ask]:
     """The first request of each queue (highest priority, then arrival) that this backend
-    can serve at all (one that needs a capability it lacks never holds its queue up)."""
-    heads: dict[str, Ask] = {}
+    can serve at all (one that needs a capability it lacks never holds its queue up) — of
+    each queue and pool, where the backend declares pools (a job waiting for a busy pool
+    holds up nobody waiting for another)."""
+    heads: dict[tuple[str, str | None], Ask] = {}
+    pools = bool(state.capacity.pools)
     for a in waiting:
-        if missing_capabilities(a, state.capacity):
+        if unservable(a, state.capacity, state.backend):
             continue
-        best = heads.get(a.queue)
+        key = (a.queue, a.pool if pools else None)
+        best = heads.get(key)
         if best is None or _in_line(a) < _in_line(best):
-            heads[a.queue] = a
+            heads[key] = a
     return list(heads.values())
 
 
 def _preemptions(
-    state: SchedulerState, waiting: list[Ask], used: dict[str, int], now: datetime, no_slot: bool
+    state: SchedulerState, waiting: list[Ask], used: dict[str, int], now: datetime, free: _Free
 ) -> list[Yielding]:
     """For each queue's first request still waiting, the holder that makes way for it: a
     lower-priority one of its own queue (whether the backend or the queue's quota is full),
     or, when no slot is free and its queue is under its quota, one of a queue that borrows.
-    At most one preemption under way per waiting job."""
+    Where the backend has pools, only a holder of the job's own pool frees a slot it can
+    use, unless its pool has room (what it lacks then is the backend's slot or its queue's
+    quota). At most one preemption under way per waiting job."""
     yields: list[Yielding] = []
     taken = set(state.yielding)  # holders already making way
     wanting = {y.for_job for y in state.yielding.values()} | set(state.reserved)
@@ -259,9 +359,13 @@ def _preemptions(
             continue
         q = state.queue(ask.queue)
         entitled = used.get(ask.queue, 0) < q.quota
+        any_pool = free.pool_has_room(ask)
+        no_slot = not free.has_room(ask)
         victims = []
         for h in state.holders.values():
             if h.job in taken or not h.preemptible or not h.checkpointed:
+                continue
+            if not any_pool and h.pool != ask.pool:
                 continue
             last = state.preempted_at.get(h.job)
             if last is not None and now - last < PREEMPT_MIN_INTERVAL:
@@ -310,9 +414,18 @@ def placement(state: SchedulerState, job: str) -> Placement | None:
         return None
     line = sorted((a for a in state.waiting if a.queue == mine.queue), key=_in_line)
     place = line.index(mine) + 1
+    ahead = _ahead(state, line[: place - 1], mine)
     return Placement(
-        queue=mine.queue, position=place, length=len(line), waits_for=_waits_for(state, mine, place)
+        queue=mine.queue, position=place, length=len(line), waits_for=_waits_for(state, mine, ahead)
     )
+
+
+def _ahead(state: SchedulerState, before: list[Ask], ask: Ask) -> int:
+    """How many of ``before`` (its queue's line ahead of ``ask``) go first: all of them, or
+    where the backend has pools, those waiting for ``ask``'s pool."""
+    if not state.capacity.pools:
+        return len(before)
+    return sum(1 for a in before if a.pool == ask.pool)
 
 
 def position(state: SchedulerState, job: str) -> tuple[int, int] | None:
@@ -327,14 +440,13 @@ def waits_for(state: SchedulerState, job: str) -> str | None:
     return None if p is None else p.waits_for
 
 
-def _waits_for(state: SchedulerState, ask: Ask, place: int) -> str:
-    if missing := missing_capabilities(ask, state.capacity):
-        return f"a backend with {', '.join(missing)} (backend {state.backend!r} has not)"
+def _waits_for(state: SchedulerState, ask: Ask, ahead: int) -> str:
+    if lacking := unservable(ask, state.capacity, state.backend):
+        return lacking
     if ask.job in state.reserved or any(y.for_job == ask.job for y in state.yielding.values()):
         return "a slot being freed for it (a lower-priority job is checkpointing)"
     used = state.usage()
     q = state.queue(ask.queue)
-    ahead = place - 1
     if ahead:
         return f"{ahead} job(s) ahead of it in queue {ask.queue!r} (higher priority, or earlier)"
     limit = q.quota + q.borrow_limit
@@ -343,6 +455,13 @@ def _waits_for(state: SchedulerState, ask: Ask, place: int) -> str:
             f"its queue's quota: queue {ask.queue!r} holds {used.get(ask.queue, 0)} of "
             f"{q.quota} slots (+{q.borrow_limit} it may borrow)"
         )
+    if ask.pool in state.capacity.pools:
+        pool_slots = state.capacity.pools[ask.pool]
+        if state.pool_usage().get(ask.pool, 0) >= pool_slots:
+            return (
+                f"the backend's capacity for {ask.pool}: all {pool_slots} of its slots of "
+                f"{state.backend!r} are held"
+            )
     if len(state.holders) + len(state.reserved) >= state.capacity.slots:
         return (
             f"the backend's capacity: all {state.capacity.slots} slots of {state.backend!r} "
@@ -442,12 +561,15 @@ def placements(state: SchedulerState, *, first: int | None = None) -> list[tuple
     """Where every waiting job stands (or the ``first`` of each queue), queue by queue."""
     out = []
     for name, line in sorted(lines(state).items()):
+        by_pool: dict[str | None, int] = {}
         for i, ask in enumerate(line[:first]):
+            ahead = by_pool.get(ask.pool, 0) if state.capacity.pools else i
+            by_pool[ask.pool] = by_pool.get(ask.pool, 0) + 1
             place = Placement(
                 queue=name,
                 position=i + 1,
                 length=len(line),
-                waits_for=_waits_for(state, ask, i + 1),
+                waits_for=_waits_for(state, ask, ahead),
             )
             out.append((ask.job, place))
     return out
@@ -475,6 +597,11 @@ def details(state: SchedulerState, *, first: int = 10) -> str:
         f"**{state.backend}**: {len(state.holders)} of {state.capacity.slots} slots held, "
         f"{sum(waiting.values())} waiting, {state.admitted_total} admitted"
     )
+    if state.capacity.pools:
+        held = state.pool_usage()
+        head += "; pools " + ", ".join(
+            f"{p} {held.get(p, 0)}/{n}" for p, n in sorted(state.capacity.pools.items())
+        )
     rows = ["| queue | quota | in use | waiting |", "|---|---|---|---|"]
     for name in sorted({*state.queues, *used, *waiting}):
         q = state.queue(name)

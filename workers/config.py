@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from pydantic import BaseModel, Field, ValidationError
 
 from shepherd.platform import PlatformClient
-from shepherd.scheduling import Capacity, QueueConfig, quota_problem
+from shepherd.scheduling import Capacity, QueueConfig, pools_problem, quota_problem
 
 #: Defaults per well-known profile name.
 _DEFAULTS: dict[str, dict[str, object]] = {
@@ -57,6 +57,8 @@ class BackendProfile(BaseModel):
     #: Its capacity for Shepherd's admission (None: none; the platform queues the jobs).
     slots: int | None = Field(default=None, ge=0)
     capabilities: list[str] = Field(default_factory=list)
+    #: Its slots per accelerator type or training shape (shepherd/scheduling.py ``Capacity``).
+    pools: dict[str, int] = Field(default_factory=dict)
     #: Its queues' configs, a new scheduler's seed (shepherd/scheduling.py).
     queues: dict[str, QueueConfig] = Field(default_factory=dict)
     #: How often its scheduler takes back the slots of jobs closed without a word.
@@ -78,6 +80,9 @@ def profiles_from_env(env: Mapping[str, str] | None = None) -> dict[str, Backend
         prefix = f"SHEPHERD_BACKEND_{name.upper().replace('-', '_')}_"
         base = dict(_DEFAULTS.get(name, {}))
         slots = _slots(env.get(prefix + "SLOTS"), prefix + "SLOTS")
+        pools = _pools(env.get(prefix + "POOLS"), prefix + "POOLS")
+        if pools and slots is None:
+            slots = sum(pools.values())  # every pool's slots usable at once
         queues = _queues(env.get(prefix + "QUEUES"), prefix + "QUEUES")
         if queues and slots is None:
             raise BackendConfigError(f"{prefix}QUEUES: declare {prefix}SLOTS too")
@@ -98,6 +103,7 @@ def profiles_from_env(env: Mapping[str, str] | None = None) -> dict[str, Backend
                 t.strip() for t in env.get(prefix + "CAPABILITIES", "").split(",") if t.strip()
             ],
             "queues": queues,
+            "pools": pools,
             "holder_check_s": float(env.get(prefix + "HOLDER_CHECK", "30")),
         }
         if not values["url"]:
@@ -116,6 +122,22 @@ def _slots(raw: str | None, name: str) -> int | None:
     if slots < 0:
         raise BackendConfigError(f"{name}: must be >= 0")
     return slots
+
+
+def _pools(raw: str | None, name: str) -> dict[str, int]:
+    if raw is None or not raw.strip():
+        return {}
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise BackendConfigError(f"{name}: {exc}") from None
+    if not isinstance(data, dict):
+        raise BackendConfigError(
+            f"{name}: an object of accelerator type or training shape -> slots"
+        )
+    if problem := pools_problem(data):
+        raise BackendConfigError(f"{name}: {problem}")
+    return data
 
 
 def _queues(raw: str | None, name: str) -> dict[str, QueueConfig]:

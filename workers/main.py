@@ -201,6 +201,7 @@ def workers_for(
         capabilities=[
             f"{name}/{tag}" for name, p in registry.profiles.items() for tag in p.capabilities
         ],
+        pools=[f"{name}/{pool}" for name, p in registry.profiles.items() for pool in p.pools],
     )
     return [
         Worker(

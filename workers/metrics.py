@@ -78,6 +78,14 @@ class AdmissionCollector:
             "shepherd_capacity_slots", "Trainers a backend's jobs may hold.", ["backend"]
         )
         held = gauge("shepherd_slots_held", "Slots held now.", ["backend"])
+        pool_slots = gauge(
+            "shepherd_pool_slots",
+            "A backend's slots of one accelerator type or training shape.",
+            ["backend", "pool"],
+        )
+        pool_held = gauge(
+            "shepherd_pool_slots_held", "A pool's slots held now.", ["backend", "pool"]
+        )
         quota = gauge("shepherd_queue_quota_slots", "A queue's quota.", ["backend", "queue"])
         in_use = gauge(
             "shepherd_queue_slots_in_use", "Slots a queue's jobs hold.", ["backend", "queue"]
@@ -119,6 +127,10 @@ class AdmissionCollector:
                 holding[h.queue] = holding.get(h.queue, 0.0) + max(0.0, seconds)
             capacity.add_metric([b], s.capacity.slots)
             held.add_metric([b], len(s.holders))
+            in_pool = s.pool_usage()
+            for pool, n in sorted(s.capacity.pools.items()):
+                pool_slots.add_metric([b, pool], n)
+                pool_held.add_metric([b, pool], in_pool.get(pool, 0))
             counts = s.waiting_in()
             queues = sorted({*s.queues, *used, *counts, *s.admitted})
             for name in queues:
@@ -135,6 +147,8 @@ class AdmissionCollector:
         yield from (
             capacity,
             held,
+            pool_slots,
+            pool_held,
             quota,
             in_use,
             borrowed,

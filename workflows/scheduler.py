@@ -138,6 +138,7 @@ class SchedulerWorkflow:
                 preemptible=ask.preemptible,
                 arrival=ask.arrival,
                 granted_at=now,
+                pool=ask.pool,
             )
             self.s.admitted_total += 1
             q = ask.queue

@@ -33,6 +33,7 @@ with workflow.unsafe.imports_passed_through():
         MakeWay,
         Release,
         SlotGrant,
+        pool_of,
         scheduler_id,
     )
     from workflows import measures, policies, versions
@@ -57,6 +58,7 @@ async def take(ctx: JobContext) -> None:
             priority=spec.scheduling.priority,
             preemptible=spec.scheduling.preemptible,
             capabilities=list(spec.scheduling.required_capabilities),
+            pool=pool_of(spec.trainer.training_shape, spec.trainer.accelerator_type),
             arrival=slot.arrival,
         )
         # Asked before the call: a cancel meanwhile gives the place back (the ask may land).

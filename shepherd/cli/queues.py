@@ -11,7 +11,7 @@ from rich.table import Table
 
 from shepherd.cli.common import EXIT_INVALID, fail, run, shepherd
 from shepherd.cli.render import console, print_json
-from shepherd.scheduling import Capacity, QueueConfig, SchedulerState
+from shepherd.scheduling import Capacity, QueueConfig, SchedulerState, pools_problem
 
 app = typer.Typer(
     help="Admission queues: each backend's capacity, queues, quotas and who waits.",
@@ -54,6 +54,11 @@ def _show(state: SchedulerState) -> None:
         if state.capacity.capabilities
         else ""
     )
+    if state.capacity.pools:
+        in_pool = state.pool_usage()
+        caps += "; pools " + ", ".join(
+            f"{p} {in_pool.get(p, 0)} of {n}" for p, n in sorted(state.capacity.pools.items())
+        )
     console.print(
         f"[bold]{state.backend}[/bold]: {held} of {state.capacity.slots} slots held{caps}; "
         f"{sum(counts.values())} waiting; {state.admitted_total} admitted; preemptions "
@@ -119,9 +124,20 @@ def set_capacity(
     capabilities: Annotated[
         str | None, typer.Option(help="Comma-separated capability tags (default: unchanged).")
     ] = None,
+    pool: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A pool's slots, NAME=N (an accelerator type or a training shape; repeat for "
+            "each pool; N=0 closes it; 'none' removes every pool). Default: unchanged."
+        ),
+    ] = None,
 ) -> None:
     """Change BACKEND's capacity while jobs run (fewer slots: nobody is stopped; new
     admissions wait until use falls below it)."""
+    try:
+        pools = _parse_pools(pool)
+    except ValueError as exc:
+        fail(f"--pool: {exc}", EXIT_INVALID)
 
     async def go() -> None:
         sh = await shepherd()
@@ -131,6 +147,25 @@ def set_capacity(
             if capabilities is None
             else [t.strip() for t in capabilities.split(",") if t.strip()]
         )
-        _show(await sh.set_capacity(backend, Capacity(slots=slots, capabilities=tags)))
+        given = current.capacity.pools if pools is None else pools
+        capacity = Capacity(slots=slots, capabilities=tags, pools=given)
+        _show(await sh.set_capacity(backend, capacity))
 
     run(go())
+
+
+def _parse_pools(given: list[str] | None) -> dict[str, int] | None:
+    """``--pool NAME=N`` options -> pools (None: none given, unchanged; ``none``: no pools)."""
+    if not given:
+        return None
+    if given == ["none"]:
+        return {}
+    pools: dict[str, int] = {}
+    for item in given:
+        name, sep, count = item.partition("=")
+        if not sep or not name.strip() or not count.strip().isdigit():
+            raise ValueError(f"{item!r} is not NAME=N (N a whole number of slots)")
+        pools[name.strip()] = int(count)
+    if problem := pools_problem(pools):
+        raise ValueError(problem.removeprefix("pools: "))
+    return pools

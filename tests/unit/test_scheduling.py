@@ -144,6 +144,109 @@ def test_a_job_needing_what_the_backend_lacks_is_never_admitted_and_says_so() ->
     assert "h100" in (waits_for(s, "big") or "")
 
 
+H100, A100 = "NVIDIA_H100_80GB", "NVIDIA_A100_80GB"
+
+
+def pooled(slots: int, pools: dict[str, int], *queues: QueueConfig) -> SchedulerState:
+    s = state(slots, *queues)
+    s.capacity.pools = pools
+    return s
+
+
+def test_a_job_takes_a_slot_of_its_own_pool_and_waits_for_one_without_holding_up_others() -> None:
+    s = pooled(3, {H100: 1, A100: 2}, QueueConfig(name="default", quota=3))
+    hold(s, "h-running", pool=H100, preemptible=False)
+    # The first in line waits for an H100; the A100 jobs behind it in its queue go first.
+    s.waiting = [ask("h", 1, pool=H100), ask("a1", 2, pool=A100), ask("a2", 3, pool=A100)]
+    assert granted(s) == ["a1", "a2"]
+    assert position(s, "h") == (1, 3)
+    assert f"capacity for {H100}: all 1 of its slots" in (waits_for(s, "h") or "")
+    # Behind it for an A100 (pool full): one ahead of it there, not the H100 job.
+    hold(s, "a-running", pool=A100, preemptible=False)
+    hold(s, "a-running-2", pool=A100, preemptible=False)
+    s.capacity.slots = 4
+    s.waiting = [ask("h", 1, pool=H100), ask("a2", 3, pool=A100), ask("a3", 4, pool=A100)]
+    assert granted(s) == []
+    assert position(s, "a3") == (3, 3)
+    assert "1 job(s) ahead" in (waits_for(s, "a3") or "")
+
+
+def test_the_backends_slots_cap_its_pools_together() -> None:
+    s = pooled(2, {H100: 2, A100: 2}, QueueConfig(name="default", quota=2))
+    hold(s, "h", pool=H100, preemptible=False)
+    hold(s, "a", pool=A100, preemptible=False)
+    s.waiting = [ask("h2", 1, pool=H100)]
+    assert granted(s) == []
+    assert "all 2 slots" in (waits_for(s, "h2") or "")
+
+
+def test_a_job_of_no_declared_pool_is_never_admitted_and_says_so() -> None:
+    s = pooled(2, {H100: 2}, QueueConfig(name="default", quota=2))
+    s.waiting = [ask("a", 1, pool=A100), ask("none", 2), ask("h", 3, pool=H100)]
+    assert granted(s) == ["h"]
+    assert f"slots for {H100} only, the job names pool '{A100}'" in (waits_for(s, "a") or "")
+    assert "names no accelerator type or training shape" in (waits_for(s, "none") or "")
+    # Without pools, a job's pool does not matter.
+    s.capacity.pools = {}
+    assert granted(s) == ["a", "none"]
+
+
+def test_a_preemption_takes_from_the_urgent_jobs_own_pool() -> None:
+    s = pooled(2, {H100: 1, A100: 1}, QueueConfig(name="default", quota=2))
+    hold(s, "h-low", priority=2, pool=H100)
+    hold(s, "a-lowest", priority=0, pool=A100)  # lower, but freeing an A100 helps nobody
+    s.waiting = [ask("urgent", 1, priority=9, pool=H100)]
+    yields = plan(s, NOW).yields
+    assert [(y.victim, y.for_job) for y in yields] == [("h-low", "urgent")]
+    # Once it made way, its slot is the urgent job's: counted in its pool, granted to it.
+    del s.holders["h-low"]
+    s.reserved["urgent"] = "h-low"
+    s.waiting.append(ask("other-h", 2, priority=9, pool=H100))
+    assert granted(s) == ["urgent"]
+    # Where the pool has room and the backend's slots are what it lacks, any pool's helps.
+    s = pooled(2, {H100: 2, A100: 2}, QueueConfig(name="default", quota=2))
+    hold(s, "h-low", priority=2, pool=H100)
+    hold(s, "a-lowest", priority=0, pool=A100)
+    s.waiting = [ask("urgent", 1, priority=9, pool=H100)]
+    assert [y.victim for y in plan(s, NOW).yields] == ["a-lowest"]
+
+
+def test_a_jobs_pool_is_its_shape_without_version_else_its_accelerator() -> None:
+    from shepherd.scheduling import Capacity, pool_of
+
+    shape = "accounts/acme/trainingShapes/qwen-8b"
+    assert pool_of(f"{shape}/versions/3", None) == shape
+    assert pool_of(shape, None) == shape
+    assert pool_of(None, H100) == H100
+    assert pool_of(None, None) is None
+    with pytest.raises(ValueError, match="pools: 'two words' is not an accelerator type"):
+        Capacity(slots=1, pools={"two words": 1})
+    with pytest.raises(ValueError, match="has -1 slots"):
+        Capacity(slots=1, pools={H100: -1})
+
+
+def test_a_profile_declares_pools_and_its_slots_default_to_their_sum() -> None:
+    from workers.config import BackendConfigError, profiles_from_env
+
+    env = {
+        "SHEPHERD_BACKENDS": "local",
+        "SHEPHERD_BACKEND_LOCAL_POOLS": f'{{"{H100}": 2, "{A100}": 6}}',
+    }
+    local = profiles_from_env(env)["local"]
+    assert local.pools == {H100: 2, A100: 6} and local.slots == 8
+    capped = profiles_from_env({**env, "SHEPHERD_BACKEND_LOCAL_SLOTS": "4"})["local"]
+    assert capped.slots == 4 and capped.pools == local.pools
+    for raw, said in (
+        ("[1, 2]", "an object of accelerator type or training shape -> slots"),
+        ('{"H100": "two"}', "'H100' has 'two' slots"),
+        ('{"a b": 1}', "'a b' is not an accelerator type"),
+        ("{", "Expecting"),
+    ):
+        with pytest.raises(BackendConfigError, match=said) as err:
+            profiles_from_env({**env, "SHEPHERD_BACKEND_LOCAL_POOLS": raw})
+        assert "SHEPHERD_BACKEND_LOCAL_POOLS" in str(err.value)
+
+
 def test_a_waiting_job_knows_its_place_and_what_it_waits_for() -> None:
     s = state(1, QueueConfig(name="default", quota=2), QueueConfig(name="team", quota=0))
     hold(s, "running", preemptible=False)
@@ -253,3 +356,20 @@ def test_the_most_urgent_jobs_tasks_run_first_on_a_busy_worker_pool() -> None:
     keys = [task_priority(p).priority_key for p in range(11)]
     assert keys[10] == 1 and keys[0] == 5 and keys[5] == 3  # 3: Temporal's default
     assert keys == sorted(keys, reverse=True)
+
+
+def test_the_metrics_give_each_pools_slots_and_use() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from workers.metrics import AdmissionCollector
+
+    s = pooled(3, {H100: 1, A100: 2})
+    hold(s, "h", pool=H100)
+    collector = AdmissionCollector()
+    collector.states = [s]
+    registry = CollectorRegistry()
+    registry.register(collector)
+    page = generate_latest(registry).decode()
+    assert f'shepherd_pool_slots{{backend="local",pool="{A100}"}} 2.0' in page
+    assert f'shepherd_pool_slots_held{{backend="local",pool="{H100}"}} 1.0' in page
+    assert f'shepherd_pool_slots_held{{backend="local",pool="{A100}"}} 0.0' in page

@@ -88,12 +88,13 @@ def job(
     backend: str,
     steps: int = 30,
     policies: dict[str, Any] | None = None,
+    trainer: dict[str, Any] | None = None,
     **scheduling: Any,
 ) -> Any:
     return stack.spec(
         name,
         backend=backend,
-        trainer=SLOW,
+        trainer=trainer or SLOW,
         training={"total_steps": steps},
         checkpoint={"every_steps": 5, "keep_last": 2},
         scheduling=scheduling,
@@ -375,6 +376,64 @@ async def test_a_job_needing_what_no_backend_has_is_refused_at_submission(
     fits = await sh.submit(job(sched, "fits", backend, steps=5, required_capabilities=["h100"]))
     sched.handles.append(sched.client.get_workflow_handle(fits.id))
     assert (await fits.wait()).phase is Phase.COMPLETED
+
+
+H100, A100 = "NVIDIA_H100_80GB", "NVIDIA_A100_80GB"
+
+
+@pytest.mark.capacity(slots=2, pools={H100: 1, A100: 1})
+async def test_a_backends_slots_per_accelerator_type_admit_each_job_to_its_own(
+    sched: Stack, backend: str
+) -> None:
+    """A backend with one H100 slot and one A100 slot: a second H100 job waits for the H100
+    (saying so) while an A100 job submitted after it trains; a job naming a type the
+    backend has no slots for is refused at submission, naming the field."""
+    from shepherd.client import Shepherd
+    from shepherd.preflight import SubmissionRefused
+
+    def on(accelerator: str | None, name: str, steps: int) -> Any:
+        return job(sched, name, backend, steps, trainer={**SLOW, "accelerator_type": accelerator})
+
+    first = await sched.start(on(H100, "h1", 3000))
+    await sched.until(first, lambda st: st.phase is Phase.TRAINING, 60)
+    second = await sched.start(on(H100, "h2", 5))
+    sh = Shepherd(sched.client, task_queue=sched.task_queue)
+    async with asyncio.timeout(30):
+        while (waiting := await sh.get(second.id).status()).placement is None:
+            await asyncio.sleep(0.1)
+    assert waiting.phase is Phase.QUEUED and waiting.placement is not None
+    assert f"capacity for {H100}" in waiting.placement.waits_for
+    third = await sched.start(on(A100, "a1", 5))
+    assert (await third.result()).phase is Phase.COMPLETED  # while h2 still waits
+    assert (await sched.status(second)).phase is Phase.QUEUED
+    state = await scheduler(sched, backend)
+    assert {j: h.pool for j, h in state.holders.items()} == {first.id: H100}
+    code, out = await cli(sched, "queues")
+    assert code == 0 and f"pools {A100} 0 of 1, {H100} 1 of 1" in out, out
+    for accelerator, said in ((None, "names neither"), ("NVIDIA_B200_180GB", "B200")):
+        with pytest.raises(SubmissionRefused) as refused:
+            await sh.submit(on(accelerator, "nowhere", 5))
+        assert refused.value.field == "trainer.accelerator_type"
+        assert said in str(refused.value) and f"{A100}, {H100} only" in str(refused.value)
+    # An operator gives the backend a second H100 while they run: h2 is admitted at once.
+    code, out = await cli(
+        sched,
+        "queues",
+        "capacity",
+        backend,
+        "--slots",
+        "3",
+        "--pool",
+        f"{H100}=2",
+        "--pool",
+        f"{A100}=1",
+    )
+    assert code == 0, out
+    assert (await second.result()).phase is Phase.COMPLETED
+    assert (await sched.status(first)).phase in (Phase.TRAINING, Phase.CHECKPOINTING)
+    code, out = await cli(sched, "queues", "capacity", backend, "--slots", "3", "--pool", "x y=1")
+    assert code != 0 and "'x y' is not an accelerator type" in out, out
+    await first.cancel()
 
 
 @pytest.mark.capacity(slots=3)
