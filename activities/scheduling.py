@@ -56,6 +56,7 @@ def seed(profile: Any, backend: str) -> SchedulerState:
         ),
         queues=dict(getattr(profile, "queues", {}) or {}),
         holder_check_s=float(getattr(profile, "holder_check_s", 30.0) or 30.0),
+        places_every_s=float(getattr(profile, "places_every_s", 30.0) or 30.0),
     )
 
 
@@ -162,6 +163,8 @@ class SchedulingActivities:
                     await handle.signal("slot_granted", notice.slot_granted)
                 if notice.make_way is not None:
                     await handle.signal("make_way", notice.make_way)
+                if notice.place is not None:
+                    await handle.signal("place", notice.place)
             except RPCError as exc:
                 if exc.status != RPCStatusCode.NOT_FOUND:
                     raise

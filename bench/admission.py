@@ -18,7 +18,9 @@ submitted, and the run measures:
   step (``first_step_s``, the job's status), next to ``slot_freed_s``: from its submission to
   the first slot a running job gave back (the target: the urgent job starts within the time
   for one slot to free, plus its own trainer's start);
-* ``admitted_next``: whether the urgent job was the first admitted after its submission.
+* ``admitted_next``: whether the urgent job was the first admitted after its submission;
+* ``admitted_when_urgent`` / ``admitted_by_all_asked``: jobs admitted while the burst was
+  taken in (do the slots keep training while thousands of jobs start and ask?).
 
 The stack is then stopped (the jobs still waiting go with the dev server's temp dir).
 Prints one JSON document on stdout (progress on stderr).
@@ -171,7 +173,7 @@ async def run_one(n: int, args: argparse.Namespace) -> dict[str, Any]:
                     break
                 await asyncio.sleep(POLL_S)
             # How long until every job of the burst has asked (the ask rate at this N).
-            all_asked_s = None
+            all_asked_s = admitted_by_all_asked = None
             while time.monotonic() < deadline:
                 final = await scheduler_state(st.client)
                 # Each job that asked waits, or was admitted once (the urgent job too).
@@ -180,6 +182,7 @@ async def run_one(n: int, args: argparse.Namespace) -> dict[str, Any]:
                     and sum(final.waiting_in().values()) + final.admitted_total >= len(ids) + 1
                 ):
                     all_asked_s = time.monotonic() - t0
+                    admitted_by_all_asked = final.admitted_total
                     break
                 await asyncio.sleep(2.0)
             final = await scheduler_state(st.client)
@@ -194,6 +197,10 @@ async def run_one(n: int, args: argparse.Namespace) -> dict[str, Any]:
                 "submit_errors": errors[:5],
                 "waiting_s": r3(waiting_s),
                 "waiting_when_urgent": sum(state.waiting_in().values()),
+                # Jobs admitted while the burst was taken in: before the urgent job, and by
+                # the time every job had asked (the slots kept busy meanwhile, or not).
+                "admitted_when_urgent": admitted_before,
+                "admitted_by_all_asked": admitted_by_all_asked,
                 "urgent": {
                     "submit_s": r3(urgent_submit_s),
                     "slot_freed_s": None if slot_freed_s is None else r3(slot_freed_s),

@@ -161,6 +161,9 @@ class SchedulerState(_Model):
     #: How often the scheduler asks which of its jobs closed without a word (terminated):
     #: their slots come back within this (seconds).
     holder_check_s: float = Field(default=30.0, gt=0, le=3600)
+    #: How often the first waiting jobs of each line are told their places, at most
+    #: (seconds; workflows/scheduler.py ``PLACES_FIRST``).
+    places_every_s: float = Field(default=30.0, gt=0, le=3600)
     #: Counters (metrics): admissions, preemptions by cause, and per queue the seconds its
     #: jobs held slots (of those given back) and waited for them (of those admitted).
     admitted_total: int = 0
@@ -168,6 +171,9 @@ class SchedulerState(_Model):
     held_seconds: dict[str, float] = Field(default_factory=dict)
     waited_seconds: dict[str, float] = Field(default_factory=dict)
     admitted: dict[str, int] = Field(default_factory=dict)
+    #: The waiting jobs last told their place (``PlaceNotice``), and what they were told
+    #: (position and what they wait for): a job is told again only when that changes.
+    told: dict[str, str] = Field(default_factory=dict)
     #: A summary's (:func:`summarised`): how many wait in each queue, of whom ``waiting``
     #: lists only the first. Empty in the state itself, whose ``waiting`` is everyone.
     waiting_count: dict[str, int] = Field(default_factory=dict)
@@ -533,12 +539,22 @@ class MakeWay(_Model):
     reason: str
 
 
+class PlaceNotice(_Model):
+    """Signal to a waiting job: where it stands (for its request ``seq``), as of ``at``."""
+
+    seq: int
+    placement: Placement
+    at: datetime
+
+
 class JobNotice(_Model):
-    """The scheduler's word to one job (activity ``tell_jobs``): its slot, or make way."""
+    """The scheduler's word to one job (activity ``tell_jobs``): its slot, make way, or its
+    place in line."""
 
     job: str
     slot_granted: SlotGrant | None = None
     make_way: MakeWay | None = None
+    place: PlaceNotice | None = None
 
 
 class Placement(_Model):
@@ -573,6 +589,38 @@ def placements(state: SchedulerState, *, first: int | None = None) -> list[tuple
             )
             out.append((ask.job, place))
     return out
+
+
+def places_to_tell(
+    state: SchedulerState, first: int, now: datetime
+) -> tuple[list[JobNotice], dict[str, str]]:
+    """The place notices due: to each of the first ``first`` waiting jobs of each line whose
+    place (position, what it waits for) changed since it was last told, and once to a job
+    told before that has fallen behind them (its last word would stay wrong); and who has
+    been told what, after them. A line's length alone is not news: it changes with every
+    ask."""
+    notices: list[JobNotice] = []
+    told: dict[str, str] = {}
+    for name, line in sorted(lines(state).items()):
+        by_pool: dict[str | None, int] = {}
+        for i, ask in enumerate(line):
+            ahead = by_pool.get(ask.pool, 0) if state.capacity.pools else i
+            by_pool[ask.pool] = by_pool.get(ask.pool, 0) + 1
+            if i >= first and ask.job not in state.told:
+                continue
+            place = Placement(
+                queue=name,
+                position=i + 1,
+                length=len(line),
+                waits_for=_waits_for(state, ask, ahead),
+            )
+            said = f"{place.position}|{place.waits_for}"
+            if i < first:
+                told[ask.job] = said
+            if state.told.get(ask.job) != said:
+                notice = PlaceNotice(seq=ask.seq, placement=place, at=now)
+                notices.append(JobNotice(job=ask.job, place=notice))
+    return notices, told
 
 
 def summarised(state: SchedulerState, first: int) -> SchedulerState:

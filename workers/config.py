@@ -63,6 +63,8 @@ class BackendProfile(BaseModel):
     queues: dict[str, QueueConfig] = Field(default_factory=dict)
     #: How often its scheduler takes back the slots of jobs closed without a word.
     holder_check_s: float = Field(default=30.0, gt=0)
+    #: How often its scheduler tells the first waiting jobs their places, at most.
+    places_every_s: float = Field(default=30.0, gt=0)
 
     def api_key(self, env: Mapping[str, str]) -> str | None:
         return env.get(self.api_key_env) or None
@@ -105,6 +107,7 @@ def profiles_from_env(env: Mapping[str, str] | None = None) -> dict[str, Backend
             "queues": queues,
             "pools": pools,
             "holder_check_s": float(env.get(prefix + "HOLDER_CHECK", "30")),
+            "places_every_s": float(env.get(prefix + "PLACES_EVERY", "30")),
         }
         if not values["url"]:
             raise BackendConfigError(f"backend {name!r}: set {prefix}URL")

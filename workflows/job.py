@@ -42,7 +42,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from shepherd.phases import Phase
     from shepherd.platform import rules
-    from shepherd.scheduling import MakeWay, SlotGrant
+    from shepherd.scheduling import MakeWay, PlaceNotice, SlotGrant
     from shepherd.spec import JobSpec
     from shepherd.trainer_ids import trainer_prefix
     from workflows import admission, checkpointing, finish, recovery, slot, trainer, versions
@@ -236,6 +236,10 @@ class TrainingJobWorkflow:
     @workflow.signal(name="make_way")
     def make_way(self, notice: MakeWay) -> None:
         slot.asked_to_make_way(self.ctx, notice)
+
+    @workflow.signal(name="place")
+    def place(self, notice: PlaceNotice) -> None:
+        slot.told_place(self.ctx, notice)
 
     @workflow.signal(name="pause")
     # Exactly RawValue (the SDK passes the payload through only then); None: no input.

@@ -48,6 +48,7 @@ with workflow.unsafe.imports_passed_through():
         SlotGrant,
         details,
         placement,
+        places_to_tell,
         plan,
         quota_problem,
         summarised,
@@ -61,6 +62,11 @@ DETAILS_EVERY = timedelta(seconds=2)
 SUMMARY_FIRST = 20
 #: The scheduler continues-as-new at this many history events (about 400 admissions).
 MAX_HISTORY = 4000
+#: Jobs told their place (every ``places_every_s``, 30 s, at most: a job's page in the Web UI
+#: shows it; ``status`` and ``list`` ask the scheduler themselves, fresh), per line: those whose turn is near. Telling all of 10,000 would cost
+#: a signal each per change of place (every admission moves the whole line); a job further
+#: back reads "waiting in queue ..." and learns its place when it is among the first.
+PLACES_FIRST = 50
 #: The check for jobs closed without a word (every ``holder_check_s``) asks about the
 #: holders each time (a closed holder keeps a GPU's slot), the waiting jobs every this many
 #: checks: a closed waiting job keeps nobody out (its grant fails and the slot goes to the
@@ -84,14 +90,20 @@ class SchedulerWorkflow:
         #: Checks for closed jobs in this run (the waiting are asked about every
         #: WAITING_CHECK_EVERY-th, the first included).
         self.checks = 0
+        #: The waiting are told their places (patch tell-places; set at the run's start).
+        self.tells_places = False
+        #: When places were last told, and when they are due again (None: nothing new).
+        self.places_at: datetime | None = None
+        self.places_due: datetime | None = None
 
     @workflow.run
     async def run(self, inp: SchedulerInput) -> None:
+        self.tells_places = workflow.patched(versions.TELL_PLACES)
         last_check = workflow.now()
         while True:
             with contextlib.suppress(TimeoutError):
                 await workflow.wait_condition(
-                    lambda: self.dirty or self._long(), timeout=self._check_every()
+                    lambda: self.dirty or self._long(), timeout=self._wake_in()
                 )
             if self._long():
                 await workflow.wait_condition(workflow.all_handlers_finished)
@@ -110,10 +122,30 @@ class SchedulerWorkflow:
                 if self.details_at is None or now - self.details_at >= DETAILS_EVERY:
                     self.details_at = now
                     workflow.set_current_details(details(self.s))
+                if self.tells_places:
+                    every = timedelta(seconds=self.s.places_every_s)
+                    self.places_due = (self.places_at or now - every) + every
+            if self.places_due is not None and workflow.now() >= self.places_due:
+                await self._tell_places()
 
     def _check_every(self) -> timedelta:
         """How often to ask which jobs closed without a word (``holder_check_s``)."""
         return timedelta(seconds=self.s.holder_check_s)
+
+    def _wake_in(self) -> timedelta:
+        """Until the next check for closed jobs, or the places due before it."""
+        every = self._check_every()
+        if self.places_due is None:
+            return every
+        return max(timedelta(milliseconds=1), min(every, self.places_due - workflow.now()))
+
+    async def _tell_places(self) -> None:
+        """The first waiting jobs of each line, their places (those that changed)."""
+        now = workflow.now()
+        self.places_at, self.places_due = now, None
+        notices, self.s.told = places_to_tell(self.s, PLACES_FIRST, now)
+        if notices:
+            await self._send(notices)
 
     def _long(self) -> bool:
         info = workflow.info()
@@ -130,6 +162,7 @@ class SchedulerWorkflow:
         for ask in decided.grants:
             self.s.waiting = [a for a in self.s.waiting if a.job != ask.job]
             self.s.reserved.pop(ask.job, None)
+            self.s.told.pop(ask.job, None)
             self.s.holders[ask.job] = Holder(
                 job=ask.job,
                 seq=ask.seq,
@@ -159,14 +192,7 @@ class SchedulerWorkflow:
         if not notices:
             return
         if workflow.patched(versions.TELL_JOBS_BY_ACTIVITY):
-            gone: list[str] = await workflow.execute_activity_method(
-                SchedulingActivities.tell_jobs,
-                notices,
-                start_to_close_timeout=timedelta(minutes=1),
-                retry_policy=policies.SCHEDULER_TELL_RETRY,
-                summary=f"tell {len(notices)} job(s)",
-            )
-            self._take_back(gone, "is gone")
+            await self._send(notices)
             return
         await asyncio.gather(
             *(
@@ -176,6 +202,18 @@ class SchedulerWorkflow:
                 for n in notices
             )
         )
+
+    async def _send(self, notices: list[JobNotice]) -> None:
+        """Notices to jobs, through the ``tell_jobs`` activity; the jobs that are gone give
+        back what they had."""
+        gone: list[str] = await workflow.execute_activity_method(
+            SchedulingActivities.tell_jobs,
+            notices,
+            start_to_close_timeout=timedelta(minutes=1),
+            retry_policy=policies.SCHEDULER_TELL_RETRY,
+            summary=f"tell {len(notices)} job(s)",
+        )
+        self._take_back(gone, "is gone")
 
     async def _tell(self, job: str, signal: str, what: object) -> None:
         """Signal a job; a job that is gone gives back what it had (it runs no cleanup)."""
@@ -195,6 +233,7 @@ class SchedulerWorkflow:
             self.s.waiting = [a for a in self.s.waiting if a.job != job]
             self.asked.discard(job)
         self.s.reserved.pop(job, None)
+        self.s.told.pop(job, None)
         made_way = self.s.yielding.pop(job, None)
         if (
             held is not None

@@ -31,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
         Ask,
         Checkpointed,
         MakeWay,
+        PlaceNotice,
         Release,
         SlotGrant,
         pool_of,
@@ -85,7 +86,21 @@ async def take(ctx: JobContext) -> None:
         if ctx.pause_requested:
             raise PauseNow()
         await ctx.maybe_continue_as_new()
-    ctx.s.admission = None
+    ctx.s.admission, ctx.s.placement = None, None
+    ctx.publish()
+
+
+def told_place(ctx: JobContext, notice: PlaceNotice) -> None:
+    """The scheduler's word of where the job stands (its first jobs of each line hear it as
+    it changes): shown in its status and on its Web UI page until it is admitted."""
+    slot = ctx.slot
+    if not slot.asked or slot.held or notice.seq != slot.seq:
+        return
+    p = ctx.s.placement = notice.placement
+    ctx.s.admission = (
+        f"position {p.position} of {p.length} in queue {p.queue}: waits for {p.waits_for} "
+        f"(as of {notice.at:%H:%M:%S} UTC; the line: workflow {scheduler_id(ctx.spec.backend)})"
+    )
     ctx.publish()
 
 
@@ -126,7 +141,7 @@ async def give_back(ctx: JobContext, *, requeue: bool = False) -> None:
         cleanup=True,
     )
     slot.asked = slot.held = False
-    ctx.s.admission = None
+    ctx.s.admission, ctx.s.placement = None, None
 
 
 async def give_back_with(ctx: JobContext, trainer_gone: Coroutine[Any, Any, None]) -> None:

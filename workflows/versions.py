@@ -46,6 +46,10 @@ PREPARE_WHILE_BOOTING = "prepare-while-booting"
 #: from its transfer queue (minutes late behind a burst of starts).
 TELL_JOBS_BY_ACTIVITY = "tell-jobs-by-activity"
 
+#: The scheduler tells the first waiting jobs of each line their places (a new timer and
+#: activity in its loop), which their Web UI page shows.
+TELL_PLACES = "tell-places"
+
 #: Patches since the baseline, oldest first: (id, what changed, when it may be deprecated).
 PATCHES: tuple[tuple[str, str, str], ...] = (
     (
@@ -78,6 +82,12 @@ PATCHES: tuple[tuple[str, str, str], ...] = (
     (
         TELL_JOBS_BY_ACTIVITY,
         "the scheduler's grants and make-way notices are sent by an activity",
+        # Released 2026-11-29, plus the longest job lifetime (30 days).
+        "2026-12-30",
+    ),
+    (
+        TELL_PLACES,
+        "the scheduler tells the first waiting jobs of each line their places",
         # Released 2026-11-29, plus the longest job lifetime (30 days).
         "2026-12-30",
     ),

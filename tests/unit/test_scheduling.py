@@ -373,3 +373,30 @@ def test_the_metrics_give_each_pools_slots_and_use() -> None:
     assert f'shepherd_pool_slots{{backend="local",pool="{A100}"}} 2.0' in page
     assert f'shepherd_pool_slots_held{{backend="local",pool="{H100}"}} 1.0' in page
     assert f'shepherd_pool_slots_held{{backend="local",pool="{A100}"}} 0.0' in page
+
+
+def test_the_first_of_each_line_are_told_their_place_as_it_changes_and_no_one_else() -> None:
+    from shepherd.scheduling import places_to_tell
+
+    s = state(1, QueueConfig(name="a", quota=1), QueueConfig(name="b", quota=0, borrow_limit=1))
+    hold(s, "running", "a", preemptible=False)
+    s.waiting = [ask(f"a{i}", i, queue="a") for i in range(1, 6)] + [ask("b1", 9, queue="b")]
+    notices, told = places_to_tell(s, 2, NOW)
+    assert [(n.job, n.place.placement.position) for n in notices if n.place] == [
+        ("a1", 1),
+        ("a2", 2),
+        ("b1", 1),
+    ]
+    assert notices[0].place is not None and notices[0].place.placement.length == 5
+    assert set(told) == {"a1", "a2", "b1"}
+    s.told = told
+    # Nothing changed: nothing to say. A longer line alone is not news.
+    s.waiting.append(ask("a6", 6, queue="a"))
+    assert places_to_tell(s, 2, NOW) == ([], told)
+    # An urgent job goes first: the two behind it hear it, and a2, now third, hears it once.
+    s.waiting.append(ask("urgent", 7, priority=9, queue="a"))
+    notices, s.told = places_to_tell(s, 2, NOW)
+    said = {n.job: n.place.placement.position for n in notices if n.place}
+    assert said == {"urgent": 1, "a1": 2, "a2": 3}
+    assert set(s.told) == {"urgent", "a1", "b1"}
+    assert places_to_tell(s, 2, NOW)[0] == []  # a2 is not told again while it stays behind

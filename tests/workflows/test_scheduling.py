@@ -378,6 +378,63 @@ async def test_a_job_needing_what_no_backend_has_is_refused_at_submission(
     assert (await fits.wait()).phase is Phase.COMPLETED
 
 
+@pytest.mark.capacity(slots=1, places_every_s=1.0)
+async def test_the_first_waiting_jobs_are_told_their_place_which_their_web_ui_page_shows(
+    sched: Stack, backend: str
+) -> None:
+    """The scheduler tells the first jobs of each line where they stand (as it changes): the
+    job's own status and its Web UI page (current details) say it, without a client asking
+    the scheduler; once admitted, they say nothing of a line."""
+    from temporalio.api.sdk.v1 import WorkflowMetadata
+
+    from shepherd.models import JobStatus
+
+    async def own(handle: WorkflowHandle[Any, Any]) -> tuple[JobStatus, str]:
+        status = await handle.query("status", result_type=JobStatus)
+        meta = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
+        return status, meta.current_details
+
+    async def told(handle: WorkflowHandle[Any, Any], position: int, length: int | None) -> None:
+        """Until the job says it stands at ``position`` (of ``length``: None where the line's
+        length when it was told depends on the order its asks arrived in)."""
+        said = f"position {position} of {length or ''}"
+        async with asyncio.timeout(30):
+            while True:
+                status, page = await own(handle)
+                p = status.placement
+                if p is not None and p.position == position and length in (None, p.length):
+                    assert said in (status.admission or "") and said in page, (status, page)
+                    assert f"shepherd-scheduler-{backend}" in page
+                    return
+                await asyncio.sleep(0.2)
+
+    first = await sched.start(job(sched, "running", backend, steps=3000))
+    await sched.until(first, lambda st: st.phase is Phase.TRAINING, 60)
+    w0 = await sched.start(job(sched, "w0", backend, steps=3000))
+    w1 = await sched.start(job(sched, "w1", backend, steps=3000))
+    urgent = await sched.start(job(sched, "urgent", backend, steps=5, priority=9))
+    await told(urgent, 1, None)
+    await told(w0, 2, None)
+    status, _ = await own(w0)
+    assert status.placement is not None and "1 job(s) ahead" in status.placement.waits_for
+    await told(w1, 3, 3)
+    await first.cancel()
+    # The urgent job is admitted, then w0: w1 hears it moved up, each time.
+    assert (await urgent.result()).phase is Phase.COMPLETED
+    await told(w1, 1, 1)
+    await w0.cancel()
+    async with asyncio.timeout(30):
+        while True:
+            status, page = await own(w1)
+            if status.phase is Phase.TRAINING:
+                break
+            await asyncio.sleep(0.2)
+    assert status.placement is None and status.admission is None and "position" not in page
+    state = await scheduler(sched, backend)
+    assert state.told == {}
+    await w1.cancel()
+
+
 H100, A100 = "NVIDIA_H100_80GB", "NVIDIA_A100_80GB"
 
 
