@@ -57,12 +57,17 @@ def job_request(**overrides: Any) -> CreateTrainerJobRequest:
 async def wait_state(
     client: PlatformClient, job_id: str, *states: JobState, timeout: float = 30.0
 ) -> TrainerJob:
-    """Wait, by the watch stream, until the job is in one of ``states``."""
+    """Wait, by the watch stream, until the job is in one of ``states``. (The stream is
+    read from its start, so no change after ``get_job`` is missed; the changes before the
+    state ``get_job`` saw are skipped: a resumed job's earlier life was RUNNING too.)"""
     async with asyncio.timeout(timeout):
         job = await client.get_job(job_id)
         if job.state in states:
             return job
+        since = job.update_time
         async for event in client.watch_jobs(job_id=job_id, last_event_id=0):
+            if since is not None and event.event_time < since:
+                continue
             if event.state in states:
                 return event.job
     raise AssertionError("unreachable")
