@@ -62,10 +62,11 @@ DETAILS_EVERY = timedelta(seconds=2)
 SUMMARY_FIRST = 20
 #: The scheduler continues-as-new at this many history events (about 400 admissions).
 MAX_HISTORY = 4000
-#: Jobs told their place (every ``places_every_s``, 30 s, at most: a job's page in the Web UI
-#: shows it; ``status`` and ``list`` ask the scheduler themselves, fresh), per line: those whose turn is near. Telling all of 10,000 would cost
-#: a signal each per change of place (every admission moves the whole line); a job further
-#: back reads "waiting in queue ..." and learns its place when it is among the first.
+#: Jobs told their place, per line (every ``places_every_s``, 30 s, at most; a job's page in
+#: the Web UI shows it, while ``status`` and ``list`` ask the scheduler themselves): those
+#: whose turn is near. Telling all of 10,000 would cost a signal each per change of place
+#: (every admission moves the whole line); a job further back reads "waiting in queue ..."
+#: and learns its place when it is among the first.
 PLACES_FIRST = 50
 #: The check for jobs closed without a word (every ``holder_check_s``) asks about the
 #: holders each time (a closed holder keeps a GPU's slot), the waiting jobs every this many
@@ -117,9 +118,11 @@ class SchedulerWorkflow:
                 self.dirty = False
                 await self._decide()
                 # Its page in the Web UI: who holds, who waits where, and for what. (Sorting
-                # the whole line each decision would cost more than deciding, with thousands.)
+                # the whole line each decision would cost more than deciding, with thousands;
+                # and a replay, whose pages nobody sees, sorts it for none: not a command.)
                 now = workflow.now()
-                if self.details_at is None or now - self.details_at >= DETAILS_EVERY:
+                due = self.details_at is None or now - self.details_at >= DETAILS_EVERY
+                if due and not workflow.unsafe.is_replaying():
                     self.details_at = now
                     workflow.set_current_details(details(self.s))
                 if self.tells_places:

@@ -70,11 +70,13 @@ async def take(ctx: JobContext) -> None:
             policies.SLOT_MESSAGE,
             f"ask for a slot (queue {ask.queue}, priority {ask.priority})",
         )
-    # (The Web UI shows the line itself on the scheduler's page.)
-    ctx.s.admission = (
-        f"waiting in Shepherd's queue {spec.scheduling.queue or DEFAULT_QUEUE} "
-        f"(the line: workflow {scheduler_id(spec.backend)})"
-    )
+    # (The Web UI shows the line itself on the scheduler's page.) The scheduler's word of
+    # its place may have come already (while the ask was sent, or before a continue-as-new).
+    if ctx.s.placement is None:
+        ctx.s.admission = (
+            f"waiting in Shepherd's queue {spec.scheduling.queue or DEFAULT_QUEUE} "
+            f"(the line: workflow {scheduler_id(spec.backend)})"
+        )
     ctx.set_phase(Phase.QUEUED)
     while not slot.held:
         await workflow.wait_condition(

@@ -410,11 +410,14 @@ async def test_the_first_waiting_jobs_are_told_their_place_which_their_web_ui_pa
 
     first = await sched.start(job(sched, "running", backend, steps=3000))
     await sched.until(first, lambda st: st.phase is Phase.TRAINING, 60)
+    # One after the other (each asks from an activity of its own: their asks could overtake).
     w0 = await sched.start(job(sched, "w0", backend, steps=3000))
+    await told(w0, 1, 1)
     w1 = await sched.start(job(sched, "w1", backend, steps=3000))
+    await told(w1, 2, 2)
     urgent = await sched.start(job(sched, "urgent", backend, steps=5, priority=9))
-    await told(urgent, 1, None)
-    await told(w0, 2, None)
+    await told(urgent, 1, 3)
+    await told(w0, 2, 3)  # it moved back (the line's length alone is not news: not retold)
     status, _ = await own(w0)
     assert status.placement is not None and "1 job(s) ahead" in status.placement.waits_for
     await told(w1, 3, 3)
