@@ -18,13 +18,18 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
+from google.protobuf.field_mask_pb2 import FieldMask
 from temporalio import activity
-from temporalio.client import WorkflowExecutionStatus
-from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.api.common.v1 import WorkflowExecution
+from temporalio.api.workflow.v1 import WorkflowExecutionOptions
+from temporalio.api.workflowservice.v1 import UpdateWorkflowExecutionOptionsRequest
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.common import Priority, WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
 
 from shepherd.models import AskForSlotInput, SlotNoteInput
 from shepherd.scheduling import (
+    HOLDING_PRIORITY,
     SCHEDULER_TYPE,
     Ask,
     Capacity,
@@ -38,6 +43,29 @@ from shepherd.scheduling import (
 _BATCH = 100
 #: Asks in one signal at most (~200 bytes each: far below the 2 MB payload limit).
 MAX_ASKS_PER_SIGNAL = 500
+
+
+async def set_task_priority(client: Client, workflow_id: str, priority: Priority) -> None:
+    """The priority of ``workflow_id``'s tasks from now on (the server's
+    UpdateWorkflowExecutionOptions; a server that cannot change it leaves it as it was).
+
+    Why: a job's workflow tasks dispatch at its submission's priority key, in line with
+    every other job's of that key. Behind a burst of thousands of new jobs (their first
+    tasks), an admitted job's next task waited minutes between two training chunks
+    (bench/admission.py at 10,000: every slot held, none trained); once admitted, its tasks
+    go ahead of every job's intake (``HOLDING_PRIORITY``), as its activities already did."""
+    try:
+        await client.workflow_service.update_workflow_execution_options(
+            UpdateWorkflowExecutionOptionsRequest(
+                namespace=client.namespace,
+                workflow_execution=WorkflowExecution(workflow_id=workflow_id),
+                workflow_execution_options=WorkflowExecutionOptions(priority=priority._to_proto()),
+                update_mask=FieldMask(paths=["priority"]),
+            )
+        )
+    except RPCError as exc:
+        if exc.status not in (RPCStatusCode.UNIMPLEMENTED, RPCStatusCode.INVALID_ARGUMENT):
+            raise
 
 
 class Profiles(Protocol):
@@ -124,6 +152,8 @@ class SchedulingActivities:
             SchedulerInput(state=seed(profile, backend)),
             id=scheduler_id(backend),
             task_queue=task_queue,
+            # Its decisions go ahead of every job's intake: each admits a job to a GPU.
+            priority=HOLDING_PRIORITY,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             start_signal="asks",
             start_signal_args=[asks],
@@ -132,6 +162,10 @@ class SchedulingActivities:
     @activity.defn(name="release_slot")
     async def release_slot(self, inp: SlotNoteInput) -> None:
         await self._signal(inp, "release")
+        if inp.release is not None and inp.priority_key is not None:
+            # It waits again (paused, or making way): its tasks go back to its own priority.
+            priority = Priority(priority_key=inp.priority_key)
+            await set_task_priority(activity.client(), inp.release.job, priority)
 
     @activity.defn(name="note_checkpointed")
     async def note_checkpointed(self, inp: SlotNoteInput) -> None:
@@ -160,6 +194,8 @@ class SchedulingActivities:
             handle = client.get_workflow_handle(notice.job)
             try:
                 if notice.slot_granted is not None:
+                    # Before the grant: the task that takes it is already ahead of the intake.
+                    await set_task_priority(client, notice.job, HOLDING_PRIORITY)
                     await handle.signal("slot_granted", notice.slot_granted)
                 if notice.make_way is not None:
                     await handle.signal("make_way", notice.make_way)

@@ -715,6 +715,9 @@ class SlotNoteInput(Model):
     backend: str
     release: Release | None = None
     checkpointed: Checkpointed | None = None
+    #: A job that gives its slot back to wait again: its own task priority key, which its
+    #: workflow's tasks go back to (they went ahead of the intake while it held the slot).
+    priority_key: int | None = None
 
 
 class JobInput(Model):

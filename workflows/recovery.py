@@ -235,9 +235,9 @@ async def pause(ctx: JobContext, work: TrainerWork) -> None:
                 )
             )
             measures.recovery(ctx.spec.backend, "priority")
-            await slot.give_back(ctx, requeue=True)
+            await slot.give_back(ctx, requeue=True, waits=True)
             return
-        await slot.give_back(ctx)
+        await slot.give_back(ctx, waits=True)
         ctx.s.paused_checkpoint = checkpoint
         ctx.set_phase(Phase.PAUSED)
     while True:

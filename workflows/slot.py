@@ -127,8 +127,10 @@ def asked_to_make_way(ctx: JobContext, notice: MakeWay) -> None:
         ctx.pause_requested = True
 
 
-async def give_back(ctx: JobContext, *, requeue: bool = False) -> None:
-    """The slot (or the place in line) back to the scheduler: sent even after a cancel."""
+async def give_back(ctx: JobContext, *, requeue: bool = False, waits: bool = False) -> None:
+    """The slot (or the place in line) back to the scheduler: sent even after a cancel.
+    ``waits``: the job waits again (a pause, making way), and its workflow's tasks go back
+    to its own priority (they went ahead of every job's intake while it held the slot)."""
     slot = ctx.slot
     if not slot.enabled or not (slot.asked or slot.held):
         return
@@ -137,6 +139,7 @@ async def give_back(ctx: JobContext, *, requeue: bool = False) -> None:
         SlotNoteInput(
             backend=ctx.spec.backend,
             release=Release(job=ctx.s.workflow_id, seq=slot.seq, requeue=requeue),
+            priority_key=ctx.priority.priority_key if waits else None,
         ),
         policies.SLOT_MESSAGE,
         "give the slot back" + (" (requeued: making way for another job)" if requeue else ""),

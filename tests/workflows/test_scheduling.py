@@ -435,7 +435,21 @@ async def test_the_first_waiting_jobs_are_told_their_place_which_their_web_ui_pa
     assert status.placement is None and status.admission is None and "position" not in page
     state = await scheduler(sched, backend)
     assert state.told == {}
+    # Admitted, its workflow's tasks go ahead of every job's intake; paused (waiting again),
+    # back to its own priority.
+    assert await task_priority_key(w1) == HOLDING_PRIORITY.priority_key == 1
+    await sched.until(w1, lambda st: bool(st.checkpoints), 60)
+    await w1.execute_update("request_pause", PauseRequest(), result_type=PauseResult)
+    await sched.until(w1, lambda st: st.phase is Phase.PAUSED, 60)
+    async with asyncio.timeout(30):
+        while await task_priority_key(w1) != task_priority(5).priority_key:
+            await asyncio.sleep(0.2)
     await w1.cancel()
+
+
+async def task_priority_key(handle: WorkflowHandle[Any, Any]) -> int:
+    """The priority key the server dispatches the workflow's tasks with now."""
+    return (await handle.describe()).raw_description.workflow_execution_info.priority.priority_key
 
 
 H100, A100 = "NVIDIA_H100_80GB", "NVIDIA_A100_80GB"
