@@ -558,8 +558,7 @@ async def test_a_program_on_a_dead_worker_starts_again_and_resumes(
     crash, on the one trainer the job ever had."""
     from tests.workflows.test_worker_crash import worker_process
 
-    clean = await stack.start(sft_spec(stack, "steady", steps=16))
-    await clean.result()
+    clean = await stack.start(sft_spec(stack, "steady", steps=16))  # beside the crash
     queue = f"crash-{uuid.uuid4().hex[:8]}"
     spec = sft_spec(stack, "phoenix", steps=16, policies={"heartbeat_timeout": "3s"})
     with (
@@ -583,6 +582,7 @@ async def test_a_program_on_a_dead_worker_starts_again_and_resumes(
     out = printed(programs_env, handle)
     resumed = [line for line in out if "resumed" in line]
     assert len(resumed) == 1 and resumed[0]["step"] in (4, 8), resumed
+    assert (await clean.result()).phase is Phase.COMPLETED
     assert out[-1]["digest"] == printed(programs_env, clean)[-1]["digest"]
 
 
@@ -595,8 +595,7 @@ async def test_a_failed_program_fails_the_job_and_its_retry_resumes_from_its_che
     directory: it resumes from its own last checkpoint, whose ``tinker://`` path (the failed
     job's proxy gave it) resolves on the new trainer, and ends with the weights of a run that
     never failed."""
-    clean = await stack.start(sft_spec(stack, "straight"))
-    await clean.result()
+    clean = await stack.start(sft_spec(stack, "straight"))  # beside the failing one
     failing = await stack.start(sft_spec(stack, "stumbles", args={"fail_after": 6}))
     with pytest.raises(WorkflowFailureError):
         await failing.result()
@@ -624,6 +623,7 @@ async def test_a_failed_program_fails_the_job_and_its_retry_resumes_from_its_che
     assert [line["step"] for line in out if "loss" in line] == list(range(5, 13))
     # The proxy counts on from the loaded state's step: the job's steps are the program's.
     assert final.step == 12 and final.checkpoints[-1].name.endswith("step-00000012")
+    assert (await clean.result()).phase is Phase.COMPLETED
     assert out[-1]["digest"] == printed(programs_env, clean)[-1]["digest"]
     for status in (failed, final):
         stats = await stack.admin.job_stats(stack.job_name(status.trainer_job_id or ""))
