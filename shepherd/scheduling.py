@@ -113,6 +113,9 @@ class Ask(_Model):
     capabilities: list[str] = Field(default_factory=list)
     #: The kind of trainer it needs (:func:`pool_of` its spec; None: it names none).
     pool: str | None = None
+    #: What the scheduler last told the job of its place (:func:`places_to_tell`: its
+    #: position and what it waits for, or the range it stands in; None: nothing yet).
+    told: str | None = None
     #: The scheduler's order of arrival (set when it arrives; a job requeued after a
     #: preemption keeps its own).
     arrival: int = 0
@@ -162,8 +165,10 @@ class SchedulerState(_Model):
     #: their slots come back within this (seconds).
     holder_check_s: float = Field(default=30.0, gt=0, le=3600)
     #: How often the first waiting jobs of each line are told their places, at most
-    #: (seconds; workflows/scheduler.py ``PLACES_FIRST``).
+    #: (seconds; ``places_first``, below).
     places_every_s: float = Field(default=30.0, gt=0, le=3600)
+    #: Waiting jobs of each line told their exact place (the rest: the range they stand in).
+    places_first: int = Field(default=50, ge=0, le=10_000)
     #: Counters (metrics): admissions, preemptions by cause, and per queue the seconds its
     #: jobs held slots (of those given back) and waited for them (of those admitted).
     admitted_total: int = 0
@@ -171,9 +176,6 @@ class SchedulerState(_Model):
     held_seconds: dict[str, float] = Field(default_factory=dict)
     waited_seconds: dict[str, float] = Field(default_factory=dict)
     admitted: dict[str, int] = Field(default_factory=dict)
-    #: The waiting jobs last told their place (``PlaceNotice``), and what they were told
-    #: (position and what they wait for): a job is told again only when that changes.
-    told: dict[str, str] = Field(default_factory=dict)
     #: A summary's (:func:`summarised`): how many wait in each queue, of whom ``waiting``
     #: lists only the first. Empty in the state itself, whose ``waiting`` is everyone.
     waiting_count: dict[str, int] = Field(default_factory=dict)
@@ -561,11 +563,14 @@ class MakeWay(_Model):
 
 
 class PlaceNotice(_Model):
-    """Signal to a waiting job: where it stands (for its request ``seq``), as of ``at``."""
+    """Signal to a waiting job: where it stands (for its request ``seq``), as of ``at``.
+    ``within``: it stands somewhere from ``placement.position`` to this (a job further back
+    than the first of its line is told the range, as it changes)."""
 
     seq: int
     placement: Placement
     at: datetime
+    within: int | None = None
 
 
 class JobNotice(_Model):
@@ -612,36 +617,58 @@ def placements(state: SchedulerState, *, first: int | None = None) -> list[tuple
     return out
 
 
+#: The ranges a job further back than the first of its line is told it stands in: each job
+#: crosses a few of them on its way to the front, so the line's movement costs a few notices
+#: per admission, not one per waiting job.
+PLACE_RANGES = (100, 200, 500, 1_000, 2_000, 5_000, 10_000, 20_000, 50_000, 100_000, 1_000_000)
+
+
+def place_range(position: int, first: int) -> tuple[int, int]:
+    """The range a job at ``position`` (beyond the ``first``) stands in: (from, to)."""
+    low = first
+    for high in PLACE_RANGES:
+        if position <= high and high > first:
+            return low + 1, high
+        low = max(low, high)
+    return low + 1, position
+
+
 def places_to_tell(
-    state: SchedulerState, first: int, now: datetime
-) -> tuple[list[JobNotice], dict[str, str]]:
-    """The place notices due: to each of the first ``first`` waiting jobs of each line whose
-    place (position, what it waits for) changed since it was last told, and once to a job
-    told before that has fallen behind them (its last word would stay wrong); and who has
-    been told what, after them. A line's length alone is not news: it changes with every
-    ask."""
+    state: SchedulerState, first: int, now: datetime, *, further: int
+) -> list[JobNotice]:
+    """The place notices due, each waiting job's ``told`` brought up to date with them: to
+    each of the first ``first`` of each line whose place (position, what it waits for)
+    changed since it was last told; and to jobs further back whose range (``PLACE_RANGES``)
+    changed, the nearest ``further`` of them at most (the rest hear it the next time: a
+    burst of thousands joining is not told at once). A line's length alone is not news: it
+    changes with every ask."""
     notices: list[JobNotice] = []
-    told: dict[str, str] = {}
     for name, line in sorted(lines(state).items()):
         by_pool: dict[str | None, int] = {}
         for i, ask in enumerate(line):
             ahead = by_pool.get(ask.pool, 0) if state.capacity.pools else i
             by_pool[ask.pool] = by_pool.get(ask.pool, 0) + 1
-            if i >= first and ask.job not in state.told:
-                continue
-            place = Placement(
-                queue=name,
-                position=i + 1,
-                length=len(line),
-                waits_for=_waits_for(state, ask, ahead),
-            )
-            said = f"{place.position}|{place.waits_for}"
             if i < first:
-                told[ask.job] = said
-            if state.told.get(ask.job) != said:
-                notice = PlaceNotice(seq=ask.seq, placement=place, at=now)
+                place = Placement(
+                    queue=name,
+                    position=i + 1,
+                    length=len(line),
+                    waits_for=_waits_for(state, ask, ahead),
+                )
+                said, within = f"{place.position}|{place.waits_for}", None
+            else:
+                low, within = place_range(i + 1, first)
+                said = f"{low}-{within}"
+                if ask.told == said or further <= 0:
+                    continue
+                further -= 1
+                waits = f"the {low - 1} job(s) or more ahead of it in queue {name!r}"
+                place = Placement(queue=name, position=low, length=len(line), waits_for=waits)
+            if ask.told != said:
+                ask.told = said
+                notice = PlaceNotice(seq=ask.seq, placement=place, at=now, within=within)
                 notices.append(JobNotice(job=ask.job, place=notice))
-    return notices, told
+    return notices
 
 
 def summarised(state: SchedulerState, first: int) -> SchedulerState:

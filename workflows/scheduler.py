@@ -62,12 +62,14 @@ DETAILS_EVERY = timedelta(seconds=2)
 SUMMARY_FIRST = 20
 #: The scheduler continues-as-new at this many history events (about 400 admissions).
 MAX_HISTORY = 4000
-#: Jobs told their place, per line (every ``places_every_s``, 30 s, at most; a job's page in
-#: the Web UI shows it, while ``status`` and ``list`` ask the scheduler themselves): those
-#: whose turn is near. Telling all of 10,000 would cost a signal each per change of place
-#: (every admission moves the whole line); a job further back reads "waiting in queue ..."
-#: and learns its place when it is among the first.
-PLACES_FIRST = 50
+#: The first ``places_first`` (50) of each line are told their exact place (every
+#: ``places_every_s``, 30 s, at most; a job's page in the Web UI shows it, while ``status``
+#: and ``list`` ask the scheduler themselves): those whose turn is near. Telling all of
+#: 10,000 would cost a signal each per admission (each moves the whole line); a job further
+#: back is told the range it stands in (``scheduling.PLACE_RANGES``) as it changes.
+#: Jobs further back told their range per round at most: a burst of thousands joining the
+#: line is told over a few minutes, not in one round of thousands of signals.
+PLACES_FURTHER = 200
 #: The check for jobs closed without a word (every ``holder_check_s``) asks about the
 #: holders each time (a closed holder keeps a GPU's slot), the waiting jobs every this many
 #: checks: a closed waiting job keeps nobody out (its grant fails and the slot goes to the
@@ -146,7 +148,7 @@ class SchedulerWorkflow:
         """The first waiting jobs of each line, their places (those that changed)."""
         now = workflow.now()
         self.places_at, self.places_due = now, None
-        notices, self.s.told = places_to_tell(self.s, PLACES_FIRST, now)
+        notices = places_to_tell(self.s, self.s.places_first, now, further=PLACES_FURTHER)
         if notices:
             await self._send(notices)
 
@@ -165,7 +167,6 @@ class SchedulerWorkflow:
         for ask in decided.grants:
             self.s.waiting = [a for a in self.s.waiting if a.job != ask.job]
             self.s.reserved.pop(ask.job, None)
-            self.s.told.pop(ask.job, None)
             self.s.holders[ask.job] = Holder(
                 job=ask.job,
                 seq=ask.seq,
@@ -236,7 +237,6 @@ class SchedulerWorkflow:
             self.s.waiting = [a for a in self.s.waiting if a.job != job]
             self.asked.discard(job)
         self.s.reserved.pop(job, None)
-        self.s.told.pop(job, None)
         made_way = self.s.yielding.pop(job, None)
         if (
             held is not None

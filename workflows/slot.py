@@ -72,7 +72,7 @@ async def take(ctx: JobContext) -> None:
         )
     # (The Web UI shows the line itself on the scheduler's page.) The scheduler's word of
     # its place may have come already (while the ask was sent, or before a continue-as-new).
-    if ctx.s.placement is None:
+    if ctx.s.admission is None:
         ctx.s.admission = (
             f"waiting in Shepherd's queue {spec.scheduling.queue or DEFAULT_QUEUE} "
             f"(the line: workflow {scheduler_id(spec.backend)})"
@@ -98,9 +98,13 @@ def told_place(ctx: JobContext, notice: PlaceNotice) -> None:
     slot = ctx.slot
     if not slot.asked or slot.held or notice.seq != slot.seq:
         return
-    p = ctx.s.placement = notice.placement
+    p = notice.placement
+    if notice.within is None:
+        ctx.s.placement, where = p, f"position {p.position}"
+    else:  # a range, not a place: the status's placement says nothing it does not know
+        ctx.s.placement, where = None, f"position {p.position:,}-{notice.within:,}"
     ctx.s.admission = (
-        f"position {p.position} of {p.length} in queue {p.queue}: waits for {p.waits_for} "
+        f"{where} of {p.length:,} in queue {p.queue}: waits for {p.waits_for} "
         f"(as of {notice.at:%H:%M:%S} UTC; the line: workflow {scheduler_id(ctx.spec.backend)})"
     )
     ctx.publish()

@@ -375,28 +375,46 @@ def test_the_metrics_give_each_pools_slots_and_use() -> None:
     assert f'shepherd_pool_slots_held{{backend="local",pool="{A100}"}} 0.0' in page
 
 
-def test_the_first_of_each_line_are_told_their_place_as_it_changes_and_no_one_else() -> None:
-    from shepherd.scheduling import places_to_tell
+def test_the_first_of_each_line_are_told_their_place_as_it_changes_the_rest_their_range() -> None:
+    from shepherd.scheduling import place_range, places_to_tell
+
+    def told(s: SchedulerState, further: int = 100) -> dict[str, tuple[int, int | None]]:
+        return {
+            n.job: (n.place.placement.position, n.place.within)
+            for n in places_to_tell(s, 2, NOW, further=further)
+            if n.place
+        }
 
     s = state(1, QueueConfig(name="a", quota=1), QueueConfig(name="b", quota=0, borrow_limit=1))
     hold(s, "running", "a", preemptible=False)
     s.waiting = [ask(f"a{i}", i, queue="a") for i in range(1, 6)] + [ask("b1", 9, queue="b")]
-    notices, told = places_to_tell(s, 2, NOW)
-    assert [(n.job, n.place.placement.position) for n in notices if n.place] == [
-        ("a1", 1),
-        ("a2", 2),
-        ("b1", 1),
-    ]
-    assert notices[0].place is not None and notices[0].place.placement.length == 5
-    assert set(told) == {"a1", "a2", "b1"}
-    s.told = told
+    # The first two of each line their place; the rest the range they stand in.
+    assert told(s) == {
+        "a1": (1, None),
+        "a2": (2, None),
+        "b1": (1, None),
+        **{f"a{i}": (3, 100) for i in (3, 4, 5)},
+    }
     # Nothing changed: nothing to say. A longer line alone is not news.
     s.waiting.append(ask("a6", 6, queue="a"))
-    assert places_to_tell(s, 2, NOW) == ([], told)
-    # An urgent job goes first: the two behind it hear it, and a2, now third, hears it once.
+    assert told(s) == {"a6": (3, 100)}
+    assert told(s) == {}
+    # An urgent job goes first: the two behind it hear their new place, and a2, now third,
+    # its range once.
     s.waiting.append(ask("urgent", 7, priority=9, queue="a"))
-    notices, s.told = places_to_tell(s, 2, NOW)
-    said = {n.job: n.place.placement.position for n in notices if n.place}
-    assert said == {"urgent": 1, "a1": 2, "a2": 3}
-    assert set(s.told) == {"urgent", "a1", "b1"}
-    assert places_to_tell(s, 2, NOW)[0] == []  # a2 is not told again while it stays behind
+    assert told(s) == {"urgent": (1, None), "a1": (2, None), "a2": (3, 100)}
+    assert told(s) == {}
+    # Far back, a job hears of its range as it moves into another: a few notices for the
+    # line's movement, and at most ``further`` a round (the nearest first).
+    s.waiting = [ask(f"f{i}", i, queue="a") for i in range(1, 251)]
+    assert len(told(s, further=1000)) == 250
+    del s.waiting[0]  # one admitted: four notices for the 249 that moved up
+    assert told(s) == {"f2": (1, None), "f3": (2, None), "f101": (3, 100), "f201": (101, 200)}
+    s.waiting = [ask(f"g{i}", i, queue="a") for i in range(1, 11)]
+    assert list(told(s, further=3)) == ["g1", "g2", "g3", "g4", "g5"]  # the nearest first
+    assert list(told(s, further=3)) == ["g6", "g7", "g8"]
+    assert place_range(51, 50) == (51, 100) and place_range(101, 50) == (101, 200)
+    assert place_range(151, 150) == (151, 200) and place_range(2_000_001, 50) == (
+        1_000_001,
+        2_000_001,
+    )
