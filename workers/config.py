@@ -101,21 +101,36 @@ def profiles_from_env(env: Mapping[str, str] | None = None) -> dict[str, Backend
             "account_id": env.get(prefix + "ACCOUNT"),
             "events": env.get(prefix + "EVENTS", str(base.get("events", False))).lower()
             in ("1", "true", "yes"),
-            "timeout_s": float(env.get(prefix + "TIMEOUT", "30")),
+            "timeout_s": _number(env, prefix + "TIMEOUT", 30.0),
             "slots": slots,
             "capabilities": [
                 t.strip() for t in env.get(prefix + "CAPABILITIES", "").split(",") if t.strip()
             ],
             "queues": queues,
             "pools": pools,
-            "holder_check_s": float(env.get(prefix + "HOLDER_CHECK", "30")),
-            "places_every_s": float(env.get(prefix + "PLACES_EVERY", "30")),
-            "places_first": int(env.get(prefix + "PLACES_FIRST", "50")),
+            "holder_check_s": _number(env, prefix + "HOLDER_CHECK", 30.0),
+            "places_every_s": _number(env, prefix + "PLACES_EVERY", 30.0),
+            "places_first": int(_number(env, prefix + "PLACES_FIRST", 50, whole=True)),
         }
         if not values["url"]:
             raise BackendConfigError(f"backend {name!r}: set {prefix}URL")
         profiles[name] = BackendProfile(name=name, **values)
     return profiles
+
+
+def _number(env: Mapping[str, str], name: str, default: float, *, whole: bool = False) -> float:
+    """A positive number from ``name`` (``default`` when unset), or an error naming it."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw) if whole else float(raw)
+    except ValueError:
+        kind = "a whole number" if whole else "a number"
+        raise BackendConfigError(f"{name}: {raw!r} is not {kind}") from None
+    if value < 0 or (value == 0 and not whole):
+        raise BackendConfigError(f"{name}: must be {'>= 0' if whole else '> 0'}")
+    return value
 
 
 def _slots(raw: str | None, name: str) -> int | None:

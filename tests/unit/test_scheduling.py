@@ -321,11 +321,23 @@ def test_a_profile_declares_capacity_and_queues_and_is_refused_naming_the_variab
     }
     local = profiles_from_env(env)["local"]
     assert local.slots == 4 and local.capabilities == ["h100", "eu"]
+    assert (local.holder_check_s, local.places_every_s, local.places_first) == (30.0, 30.0, 50)
+    tuned = {
+        **env,
+        "SHEPHERD_BACKEND_LOCAL_PLACES_FIRST": "0",
+        "SHEPHERD_BACKEND_LOCAL_PLACES_EVERY": "5",
+    }
+    assert profiles_from_env(tuned)["local"].places_first == 0
+    assert profiles_from_env(tuned)["local"].places_every_s == 5.0
     assert local.queues["a"].quota == 3 and local.queues["a"].borrow_limit == 1
     assert profiles_from_env({"SHEPHERD_BACKENDS": "local"})["local"].slots is None
     refused = {
         "SHEPHERD_BACKEND_LOCAL_SLOTS": ("many", "SLOTS: 'many' is not a whole number"),
         "SHEPHERD_BACKEND_LOCAL_QUEUES": ('{"a": {"quota": 5}}', "add up to 5, more than"),
+        "SHEPHERD_BACKEND_LOCAL_HOLDER_CHECK": ("soon", "HOLDER_CHECK: 'soon' is not a number"),
+        "SHEPHERD_BACKEND_LOCAL_PLACES_EVERY": ("0", "PLACES_EVERY: must be > 0"),
+        "SHEPHERD_BACKEND_LOCAL_PLACES_FIRST": ("2.5", "PLACES_FIRST: '2.5' is not a whole"),
+        "SHEPHERD_BACKEND_LOCAL_TIMEOUT": ("-1", "TIMEOUT: must be > 0"),
     }
     for key, (value, said) in refused.items():
         with pytest.raises(BackendConfigError, match=said) as err:
