@@ -34,7 +34,7 @@ from __future__ import annotations
 import base64
 import re
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -449,6 +449,15 @@ def placement(state: SchedulerState, job: str) -> Placement | None:
     )
 
 
+def _with_ahead(state: SchedulerState, line: list[Ask]) -> Iterator[tuple[int, Ask, int]]:
+    """Each request of a line (in order) with its index and how many ahead of it go first
+    (:func:`_ahead`), in one pass."""
+    by_pool: dict[str | None, int] = {}
+    for i, ask in enumerate(line):
+        yield i, ask, by_pool.get(ask.pool, 0) if state.capacity.pools else i
+        by_pool[ask.pool] = by_pool.get(ask.pool, 0) + 1
+
+
 def _ahead(state: SchedulerState, before: list[Ask], ask: Ask) -> int:
     """How many of ``before`` (its queue's line ahead of ``ask``) go first: all of them, or
     where the backend has pools, those waiting for ``ask``'s pool."""
@@ -603,10 +612,7 @@ def placements(state: SchedulerState, *, first: int | None = None) -> list[tuple
     """Where every waiting job stands (or the ``first`` of each queue), queue by queue."""
     out = []
     for name, line in sorted(lines(state).items()):
-        by_pool: dict[str | None, int] = {}
-        for i, ask in enumerate(line[:first]):
-            ahead = by_pool.get(ask.pool, 0) if state.capacity.pools else i
-            by_pool[ask.pool] = by_pool.get(ask.pool, 0) + 1
+        for i, ask, ahead in _with_ahead(state, line[:first]):
             place = Placement(
                 queue=name,
                 position=i + 1,
@@ -644,10 +650,7 @@ def places_to_tell(
     changes with every ask."""
     notices: list[JobNotice] = []
     for name, line in sorted(lines(state).items()):
-        by_pool: dict[str | None, int] = {}
-        for i, ask in enumerate(line):
-            ahead = by_pool.get(ask.pool, 0) if state.capacity.pools else i
-            by_pool[ask.pool] = by_pool.get(ask.pool, 0) + 1
+        for i, ask, ahead in _with_ahead(state, line):
             if i < first:
                 place = Placement(
                     queue=name,
