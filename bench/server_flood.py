@@ -34,18 +34,14 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from google.protobuf.field_mask_pb2 import FieldMask
 from temporalio import activity, workflow
-from temporalio.api.common.v1 import Priority as PriorityProto
-from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.enums.v1 import EventType
-from temporalio.api.workflow.v1 import WorkflowExecutionOptions
-from temporalio.api.workflowservice.v1 import UpdateWorkflowExecutionOptionsRequest
 from temporalio.common import Priority
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from activities.scheduling import set_task_priority  # noqa: E402
 from shepherd import binaries  # noqa: E402
 
 #: Priority keys: the burst's (a new job's default) and the Runner's when raised.
@@ -162,16 +158,7 @@ async def flood(args: argparse.Namespace, db: str | None) -> dict[str, Any]:
             await asyncio.sleep(args.alone)
             alone = len(progress) / args.alone
             if args.raise_priority:
-                await client.workflow_service.update_workflow_execution_options(
-                    UpdateWorkflowExecutionOptionsRequest(
-                        namespace=client.namespace,
-                        workflow_execution=WorkflowExecution(workflow_id=handle.id),
-                        workflow_execution_options=WorkflowExecutionOptions(
-                            priority=PriorityProto(priority_key=RAISED_KEY)
-                        ),
-                        update_mask=FieldMask(paths=["priority"]),
-                    )
-                )
+                await set_task_priority(client, handle.id, Priority(priority_key=RAISED_KEY))
             cpu0 = (cpu_s(server) if server else 0.0, cpu_s(os.getpid()))
             gate = asyncio.Semaphore(args.concurrency)
 

@@ -164,7 +164,7 @@ class SchedulerState(_Model):
     #: How often the scheduler asks which of its jobs closed without a word (terminated):
     #: their slots come back within this (seconds).
     holder_check_s: float = Field(default=30.0, gt=0, le=3600)
-    #: How often the first waiting jobs of each line are told their places, at most
+    #: How often the waiting jobs are told their places (or ranges), at most
     #: (seconds; ``places_first``, below).
     places_every_s: float = Field(default=30.0, gt=0, le=3600)
     #: Waiting jobs of each line told their exact place (the rest: the range they stand in).
@@ -442,28 +442,19 @@ def placement(state: SchedulerState, job: str) -> Placement | None:
     if mine is None:
         return None
     line = sorted((a for a in state.waiting if a.queue == mine.queue), key=_in_line)
-    place = line.index(mine) + 1
-    ahead = _ahead(state, line[: place - 1], mine)
+    i, ahead = next((i, ahead) for i, a, ahead in _with_ahead(state, line) if a is mine)
     return Placement(
-        queue=mine.queue, position=place, length=len(line), waits_for=_waits_for(state, mine, ahead)
+        queue=mine.queue, position=i + 1, length=len(line), waits_for=_waits_for(state, mine, ahead)
     )
 
 
 def _with_ahead(state: SchedulerState, line: list[Ask]) -> Iterator[tuple[int, Ask, int]]:
-    """Each request of a line (in order) with its index and how many ahead of it go first
-    (:func:`_ahead`), in one pass."""
+    """Each request of a line (in order) with its index and how many ahead of it go first:
+    all of them, or where the backend has pools, those waiting for its pool."""
     by_pool: dict[str | None, int] = {}
     for i, ask in enumerate(line):
         yield i, ask, by_pool.get(ask.pool, 0) if state.capacity.pools else i
         by_pool[ask.pool] = by_pool.get(ask.pool, 0) + 1
-
-
-def _ahead(state: SchedulerState, before: list[Ask], ask: Ask) -> int:
-    """How many of ``before`` (its queue's line ahead of ``ask``) go first: all of them, or
-    where the backend has pools, those waiting for ``ask``'s pool."""
-    if not state.capacity.pools:
-        return len(before)
-    return sum(1 for a in before if a.pool == ask.pool)
 
 
 def position(state: SchedulerState, job: str) -> tuple[int, int] | None:

@@ -122,8 +122,9 @@ WARMUP_ATTEMPT_BUDGET = timedelta(seconds=5)
 #: Until the route exists each 404 is checked against the control plane, and the next try
 #: follows BOOT_PROBE_SHARE of the time booted so far, at least BOOT_PROBE_FIRST, at most
 #: BOOT_PROBE_CAP: the boot's end is seen at most a quarter of its length late (a forked
-#: trainer's, within 20 ms), and a boot of minutes costs two requests a second. (Not a doubling per try: the open and the probes share the wait,
-#: and a count of tries would double twice as fast, 0.3 s late after a 0.1 s boot.)
+#: trainer's, within 20 ms), and a boot of minutes costs two requests a second. (Not a
+#: doubling per try: the open and the probes share the wait, and a count of tries would
+#: double twice as fast, 0.3 s late after a 0.1 s boot.)
 BOOT_PROBE_FIRST = timedelta(milliseconds=20)
 BOOT_PROBE_SHARE = 0.25
 BOOT_PROBE_CAP = timedelta(seconds=1)

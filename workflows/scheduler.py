@@ -62,13 +62,11 @@ DETAILS_EVERY = timedelta(seconds=2)
 SUMMARY_FIRST = 20
 #: The scheduler continues-as-new at this many history events (about 400 admissions).
 MAX_HISTORY = 4000
-#: The first ``places_first`` (50) of each line are told their exact place (every
-#: ``places_every_s``, 30 s, at most; a job's page in the Web UI shows it, while ``status``
-#: and ``list`` ask the scheduler themselves): those whose turn is near. Telling all of
-#: 10,000 would cost a signal each per admission (each moves the whole line); a job further
-#: back is told the range it stands in (``scheduling.PLACE_RANGES``) as it changes.
-#: Jobs further back told their range per round at most: a burst of thousands joining the
-#: line is told over a few minutes, not in one round of thousands of signals.
+#: Every ``places_every_s`` (30 s) at most, the waiting jobs hear where they stand (a job's
+#: page in the Web UI shows it; ``status`` and ``list`` ask the scheduler themselves): the
+#: first ``places_first`` (50) of each line their exact place, the rest the range they stand
+#: in (``scheduling.PLACE_RANGES``) as it changes, this many of those per round at most (a
+#: burst of thousands joining the line is told over a few minutes, not in one round).
 PLACES_FURTHER = 200
 #: The check for jobs closed without a word (every ``holder_check_s``) asks about the
 #: holders each time (a closed holder keeps a GPU's slot), the waiting jobs every this many
@@ -145,7 +143,7 @@ class SchedulerWorkflow:
         return max(timedelta(milliseconds=1), min(every, self.places_due - workflow.now()))
 
     async def _tell_places(self) -> None:
-        """The first waiting jobs of each line, their places (those that changed)."""
+        """The waiting jobs, their places or ranges (those that changed)."""
         now = workflow.now()
         self.places_at, self.places_due = now, None
         notices = places_to_tell(self.s, self.s.places_first, now, further=PLACES_FURTHER)
@@ -164,8 +162,10 @@ class SchedulerWorkflow:
         now = workflow.now()
         decided = plan(self.s, now)
         notices: list[JobNotice] = []
+        if decided.grants:  # (one pass over the line for them all: it may be thousands)
+            granted = {ask.job for ask in decided.grants}
+            self.s.waiting = [a for a in self.s.waiting if a.job not in granted]
         for ask in decided.grants:
-            self.s.waiting = [a for a in self.s.waiting if a.job != ask.job]
             self.s.reserved.pop(ask.job, None)
             self.s.holders[ask.job] = Holder(
                 job=ask.job,

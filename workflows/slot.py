@@ -93,8 +93,8 @@ async def take(ctx: JobContext) -> None:
 
 
 def told_place(ctx: JobContext, notice: PlaceNotice) -> None:
-    """The scheduler's word of where the job stands (its first jobs of each line hear it as
-    it changes): shown in its status and on its Web UI page until it is admitted."""
+    """The scheduler's word of where the job stands (its place, or the range it stands in,
+    as it changes): shown in its status and on its Web UI page until it is admitted."""
     slot = ctx.slot
     if not slot.asked or slot.held or notice.seq != slot.seq:
         return

@@ -46,8 +46,8 @@ PREPARE_WHILE_BOOTING = "prepare-while-booting"
 #: from its transfer queue (minutes late behind a burst of starts).
 TELL_JOBS_BY_ACTIVITY = "tell-jobs-by-activity"
 
-#: The scheduler tells the first waiting jobs of each line their places (a new timer and
-#: activity in its loop), which their Web UI page shows.
+#: The scheduler tells the waiting jobs their places (a new timer and activity in its loop),
+#: which their Web UI page shows.
 TELL_PLACES = "tell-places"
 
 #: Patches since the baseline, oldest first: (id, what changed, when it may be deprecated).
@@ -87,7 +87,7 @@ PATCHES: tuple[tuple[str, str, str], ...] = (
     ),
     (
         TELL_PLACES,
-        "the scheduler tells the first waiting jobs of each line their places",
+        "the scheduler tells the waiting jobs their places (or ranges)",
         # Released 2026-11-29, plus the longest job lifetime (30 days).
         "2026-12-30",
     ),
