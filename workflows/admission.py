@@ -18,6 +18,8 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
+    import workflows.checkpointing as checkpointing
+    import workflows.policies as policies
     from activities.claims import MODEL_CLAIMED, ClaimActivities, ClaimInput
     from activities.preflight import PreflightActivities
     from activities.promotion import PromotionActivities
@@ -26,7 +28,6 @@ with workflow.unsafe.imports_passed_through():
     from shepherd.models import PreflightInput, PreflightResult, PromoteInput, ResolveShapeInput
     from shepherd.phases import Phase
     from shepherd.spec import SpecError, resolve_templates
-    from workflows import checkpointing, policies
     from workflows.context import JobContext, root_cause
     from workflows.flow import Terminal, required
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
+    import workflows.versions as versions
     from activities.checkpoints import CheckpointActivities
     from shepherd.models import CheckCheckpointInput, CheckpointRecord, PruneCheckpointsInput
-    from workflows import versions
     from workflows.context import JobContext
 
 

@@ -27,6 +27,7 @@ from temporalio.exceptions import (
 )
 
 with workflow.unsafe.imports_passed_through():
+    import workflows.policies as policies
     from shepherd import search_attributes as sa
     from shepherd.models import (
         MAX_NOTICES,
@@ -42,7 +43,6 @@ with workflow.unsafe.imports_passed_through():
     from shepherd.phases import Phase
     from shepherd.scheduling import HOLDING_PRIORITY, task_priority
     from shepherd.states import JobState
-    from workflows import policies
     from workflows.flow import Lost, Terminal, required
     from workflows.policies import ActivityPolicy, Policies
 

@@ -15,11 +15,13 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
+    import workflows.policies as policies
+    import workflows.slot as slot
+    import workflows.trainer as trainer
     from activities.promotion import PromotionActivities
     from shepherd import search_attributes as sa
     from shepherd.models import ErrorInfo, ModelInfo, PromoteInput, PublishInput
     from shepherd.phases import Phase
-    from workflows import policies, slot, trainer
     from workflows.context import JobContext, root_cause
     from workflows.flow import Terminal, required
     from workflows.held import TrainerWork

@@ -28,6 +28,13 @@ from temporalio.common import RawValue
 from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
 
 with workflow.unsafe.imports_passed_through():
+    import workflows.admission as admission
+    import workflows.checkpointing as checkpointing
+    import workflows.finish as finish
+    import workflows.recovery as recovery
+    import workflows.slot as slot
+    import workflows.trainer as trainer
+    import workflows.versions as versions
     from shepherd import search_attributes as sa
     from shepherd.models import (
         ErrorInfo,
@@ -45,7 +52,6 @@ with workflow.unsafe.imports_passed_through():
     from shepherd.scheduling import MakeWay, PlaceNotice, SlotGrant
     from shepherd.spec import JobSpec
     from shepherd.trainer_ids import trainer_prefix
-    from workflows import admission, checkpointing, finish, recovery, slot, trainer, versions
     from workflows.context import JobContext, root_cause
     from workflows.flow import BadSignal, Lost, PauseNow, Terminal, required
     from workflows.held import TrainerWork

@@ -20,6 +20,9 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, FailureError, is_cancelled_exception
 
 with workflow.unsafe.imports_passed_through():
+    import workflows.checkpointing as checkpointing
+    import workflows.policies as policies
+    import workflows.slot as slot
     from activities.checkpoints import CheckpointActivities
     from activities.training import TrainingActivities
     from shepherd.curves import add_point
@@ -34,7 +37,6 @@ with workflow.unsafe.imports_passed_through():
         TrialProgress,
     )
     from shepherd.phases import Phase
-    from workflows import checkpointing, policies, slot
     from workflows.context import JobContext
     from workflows.flow import DEAD, Lost, PauseNow, Terminal
 

@@ -30,6 +30,10 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, TimeoutType
 
 with workflow.unsafe.imports_passed_through():
+    import workflows.checkpointing as checkpointing
+    import workflows.policies as policies
+    import workflows.slot as slot
+    import workflows.versions as versions
     from activities.programs import ProgramActivities
     from activities.readiness import ReadinessActivities
     from shepherd.curves import MAX_METRIC_POINTS, add_point
@@ -49,7 +53,6 @@ with workflow.unsafe.imports_passed_through():
     from shepherd.phases import Phase
     from shepherd.program_metrics import MAX_NAMES as MAX_METRIC_NAMES
     from shepherd.spec import MAX_KEPT_METRICS, PROGRAM_METRICS
-    from workflows import checkpointing, policies, slot, versions
     from workflows.context import JobContext
     from workflows.flow import DEAD, Lost, PauseNow, Terminal, required
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
+    import workflows.policies as policies
     from activities.reaper import ReaperActivities
     from shepherd.reaper import WORKFLOW_TYPE, ReaperInput, ReaperReport
-    from workflows import policies
 
 
 @workflow.defn(name=WORKFLOW_TYPE)

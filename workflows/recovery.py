@@ -21,12 +21,17 @@ from __future__ import annotations
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
+    import workflows.checkpointing as checkpointing
+    import workflows.measures as measures
+    import workflows.policies as policies
+    import workflows.slot as slot
+    import workflows.trainer as trainer
+    import workflows.versions as versions
     from activities.readiness import ReadinessActivities
     from activities.recovery import RecoveryActivities
     from shepherd.models import PlatformJob, RecoveryRecord
     from shepherd.phases import Phase
     from shepherd.states import JobState
-    from workflows import checkpointing, measures, policies, slot, trainer, versions
     from workflows.context import JobContext
     from workflows.flow import DEAD, RESUMABLE_OR_RUNNING, Lost, Terminal
     from workflows.held import TrainerWork

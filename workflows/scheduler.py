@@ -31,6 +31,8 @@ from temporalio import workflow
 from temporalio.exceptions import FailureError
 
 with workflow.unsafe.imports_passed_through():
+    import workflows.policies as policies
+    import workflows.versions as versions
     from activities.scheduling import SchedulingActivities
     from shepherd.scheduling import (
         SCHEDULER_TYPE,
@@ -54,7 +56,6 @@ with workflow.unsafe.imports_passed_through():
         summarised,
     )
     from shepherd.spec import QUEUE_NAME
-    from workflows import policies, versions
 
 #: How often the Web UI's page of the scheduler is rewritten, at most.
 DETAILS_EVERY = timedelta(seconds=2)
@@ -64,7 +65,7 @@ SUMMARY_FIRST = 20
 MAX_HISTORY = 4000
 #: Every ``places_every_s`` (30 s) at most, the waiting jobs hear where they stand (a job's
 #: page in the Web UI shows it; ``status`` and ``list`` ask the scheduler themselves): the
-#: first ``places_first`` (50) of each line their exact place, the rest the range they stand
+#: first ``places_first`` (10) of each line their exact place, the rest the range they stand
 #: in (``scheduling.PLACE_RANGES``) as it changes, this many of those per round at most (a
 #: burst of thousands joining the line is told over a few minutes, not in one round).
 PLACES_FURTHER = 200

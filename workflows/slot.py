@@ -23,6 +23,9 @@ from typing import Any
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
+    import workflows.measures as measures
+    import workflows.policies as policies
+    import workflows.versions as versions
     from activities.scheduling import SchedulingActivities
     from shepherd.models import AskForSlotInput, SlotNoteInput
     from shepherd.phases import Phase
@@ -37,7 +40,6 @@ with workflow.unsafe.imports_passed_through():
         pool_of,
         scheduler_id,
     )
-    from workflows import measures, policies, versions
     from workflows.context import JobContext
     from workflows.flow import PauseNow
 

@@ -20,13 +20,14 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
+    import workflows.measures as measures
+    import workflows.versions as versions
     from activities.provisioning import ProvisioningActivities
     from activities.readiness import ReadinessActivities
     from shepherd import search_attributes as sa
     from shepherd.models import CreateTrainerInput, PlatformJob, TrainerRef
     from shepherd.phases import Phase
     from shepherd.platform import rules
-    from workflows import measures, versions
     from workflows.context import JobContext
     from workflows.flow import DEAD, PLACED, RUNNING, PauseNow
     from workflows.held import TrainerWork
