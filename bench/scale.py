@@ -775,6 +775,8 @@ class History:
 
     workflow_id: str
     first_task_wait_s: float | None = None
+    #: When its first workflow task started (the worker took the job in).
+    first_task_at: datetime | None = None
     #: Start times of every recorded ``TRAINING_ACTIVITY`` attempt, ascending.
     training_starts: list[datetime] = field(default_factory=list)
     #: (started, completed) of every ``OPEN_ACTIVITY`` attempt that completed.
@@ -808,6 +810,7 @@ async def read_history(client: Client, workflow_id: str) -> History:
             at = wft_scheduled.get(e.workflow_task_started_event_attributes.scheduled_event_id)
             if at is not None:
                 h.first_task_wait_s = (_t(e) - at).total_seconds()
+                h.first_task_at = _t(e)
         elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             name = e.activity_task_scheduled_event_attributes.activity_type.name
             scheduled[e.event_id] = (name, _t(e))
@@ -971,6 +974,27 @@ def jobs_per_minute(closes: list[float], end_s: float, slots: int) -> dict[str, 
     }
 
 
+def window_rate(closes: list[float], start: float | None, end: float | None) -> float | None:
+    """Completions per minute from ``start`` to ``end`` (None: the last completion)."""
+    if start is None:
+        return None
+    inside = sorted(c for c in closes if c >= start and (end is None or c <= end))
+    stop = end if end is not None else (inside[-1] if inside else None)
+    if stop is None or stop <= start:
+        return None
+    return round(len(inside) / ((stop - start) / 60), 1)
+
+
+def by_minute(closes: list[float]) -> list[int]:
+    """Completions in each minute from t0."""
+    if not closes:
+        return []
+    counts = [0] * (int(max(closes) // 60) + 1)
+    for c in closes:
+        counts[int(c // 60)] += 1
+    return counts
+
+
 def analyse(
     *,
     n: int,
@@ -1057,6 +1081,10 @@ def analyse(
             delivered[(trainer, event_id)] += 1
 
     rates = jobs_per_minute(closes, drained_s if drained_s is not None else end_s, capacity)
+    # The intake: until the worker has run every job's first workflow task. Throughput
+    # during it and after it tells a burst's cost from a steady loss.
+    taken_in = [secs(h.first_task_at, t0) for h in histories.values() if h.first_task_at]
+    intake_s = max(taken_in) if taken_in else None
     freed = stats_of(gaps)
     row = {
         "jobs": n,
@@ -1085,7 +1113,13 @@ def analyse(
         "failed": failed,
         "still_running": other,
         "failures": dict(failures.most_common(5)),
-        "jobs_per_min": rates,
+        "jobs_per_min": {
+            **rates,
+            "during_intake": window_rate(closes, 0.0, intake_s),
+            "after_intake": window_rate(closes, intake_s, None),
+            "by_minute": by_minute(closes),
+        },
+        "intake_s": r3(intake_s) if intake_s is not None else None,
         "slot_held_s": stats_of(held),
         "freed_to_training_s": {
             **freed,
