@@ -85,7 +85,7 @@ def seed(profile: Any, backend: str) -> SchedulerState:
         queues=dict(getattr(profile, "queues", {}) or {}),
         holder_check_s=float(getattr(profile, "holder_check_s", 30.0) or 30.0),
         places_every_s=float(getattr(profile, "places_every_s", 30.0) or 30.0),
-        places_first=int(getattr(profile, "places_first", 50)),
+        places_first=int(getattr(profile, "places_first", 10)),
     )
 
 

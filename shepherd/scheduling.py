@@ -168,7 +168,7 @@ class SchedulerState(_Model):
     #: (seconds; ``places_first``, below).
     places_every_s: float = Field(default=30.0, gt=0, le=3600)
     #: Waiting jobs of each line told their exact place (the rest: the range they stand in).
-    places_first: int = Field(default=50, ge=0, le=10_000)
+    places_first: int = Field(default=10, ge=0, le=10_000)
     #: Counters (metrics): admissions, preemptions by cause, and per queue the seconds its
     #: jobs held slots (of those given back) and waited for them (of those admitted).
     admitted_total: int = 0
@@ -614,10 +614,12 @@ def placements(state: SchedulerState, *, first: int | None = None) -> list[tuple
     return out
 
 
-#: The ranges a job further back than the first of its line is told it stands in: each job
-#: crosses a few of them on its way to the front, so the line's movement costs a few notices
-#: per admission, not one per waiting job.
-PLACE_RANGES = (100, 200, 500, 1_000, 2_000, 5_000, 10_000, 20_000, 50_000, 100_000, 1_000_000)
+#: The ranges a job further back than the first of its line is told it stands in: powers of
+#: ten, so a job crosses a few of them on its way to the front. Each notice is a workflow task
+#: of the job's (a signal and three more history events); with ranges twice as fine a job of
+#: 1,000 waiting heard about six, and the notices took 15 % of the machine's throughput
+#: (docs/scale.md). ``status``, ``list`` and ``watch`` ask the scheduler for the exact place.
+PLACE_RANGES = (100, 1_000, 10_000, 100_000, 1_000_000)
 
 
 def place_range(position: int, first: int) -> tuple[int, int]:

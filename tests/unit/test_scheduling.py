@@ -321,7 +321,7 @@ def test_a_profile_declares_capacity_and_queues_and_is_refused_naming_the_variab
     }
     local = profiles_from_env(env)["local"]
     assert local.slots == 4 and local.capabilities == ["h100", "eu"]
-    assert (local.holder_check_s, local.places_every_s, local.places_first) == (30.0, 30.0, 50)
+    assert (local.holder_check_s, local.places_every_s, local.places_first) == (30.0, 30.0, 10)
     tuned = {
         **env,
         "SHEPHERD_BACKEND_LOCAL_PLACES_FIRST": "0",
@@ -420,13 +420,13 @@ def test_the_first_of_each_line_are_told_their_place_as_it_changes_the_rest_thei
     # line's movement, and at most ``further`` a round (the nearest first).
     s.waiting = [ask(f"f{i}", i, queue="a") for i in range(1, 251)]
     assert len(told(s, further=1000)) == 250
-    del s.waiting[0]  # one admitted: four notices for the 249 that moved up
-    assert told(s) == {"f2": (1, None), "f3": (2, None), "f101": (3, 100), "f201": (101, 200)}
+    del s.waiting[0]  # one admitted: three notices for the 249 that moved up
+    assert told(s) == {"f2": (1, None), "f3": (2, None), "f101": (3, 100)}
     s.waiting = [ask(f"g{i}", i, queue="a") for i in range(1, 11)]
     assert list(told(s, further=3)) == ["g1", "g2", "g3", "g4", "g5"]  # the nearest first
     assert list(told(s, further=3)) == ["g6", "g7", "g8"]
-    assert place_range(51, 50) == (51, 100) and place_range(101, 50) == (101, 200)
-    assert place_range(151, 150) == (151, 200) and place_range(2_000_001, 50) == (
+    assert place_range(51, 50) == (51, 100) and place_range(101, 50) == (101, 1_000)
+    assert place_range(151, 150) == (151, 1_000) and place_range(2_000_001, 50) == (
         1_000_001,
         2_000_001,
     )
