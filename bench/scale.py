@@ -476,6 +476,9 @@ class ServerWrites:
             "top_writes": dict(
                 Counter({k: v for k, v in done.items() if is_write(k)}).most_common(8)
             ),
+            "top_reads": dict(
+                Counter({k: v for k, v in done.items() if not is_write(k)}).most_common(8)
+            ),
         }
 
 
@@ -1186,7 +1189,11 @@ METHOD = {
     "COMPLETED (every slot starts at t0, so the slots-th completion ends the first wave and "
     "the window holds whole slot cycles); beside it 'first_to_last': (completed - 1) / (last "
     "- first completion) x 60, which counts the first wave's other completions without their "
-    "cycle (+19 % at N = 20 on 4 slots), and 'overall': completed / (drained or run time) x 60",
+    "cycle (+19 % at N = 20 on 4 slots), and 'overall': completed / (drained or run time) x 60; "
+    "'during_intake' and 'after_intake': completions per minute before and after intake_s, "
+    "'by_minute': completions in each minute from t0",
+    "intake_s": "when the worker had run every job's first workflow task (the last first "
+    "WorkflowTaskStarted), seconds from t0: the burst taken in",
     "slot_held": "per trainer, from the plane's placement (its PENDING -> CREATING event: "
     "slot granted) to the event that it left CREATING/RUNNING/DELETING (DELETED when the "
     "process has exited; the plane frees the slot then), from the plane's event stream "

@@ -616,9 +616,9 @@ def placements(state: SchedulerState, *, first: int | None = None) -> list[tuple
 
 #: The ranges a job further back than the first of its line is told it stands in: powers of
 #: ten, so a job crosses a few of them on its way to the front. Each notice is a workflow task
-#: of the job's (a signal and three more history events); with ranges twice as fine a job of
-#: 1,000 waiting heard about six, and the notices took 15 % of the machine's throughput
-#: (docs/scale.md). ``status``, ``list`` and ``watch`` ask the scheduler for the exact place.
+#: of the job's (a signal and three more history events); with finer ranges and 50 exact
+#: places a job of 1,000 waiting heard about six (docs/scale.md). ``status``, ``list`` and
+#: ``watch`` ask the scheduler for the exact place.
 PLACE_RANGES = (100, 1_000, 10_000, 100_000, 1_000_000)
 
 

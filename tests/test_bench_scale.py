@@ -155,3 +155,13 @@ def test_repeated_runs_report_the_one_with_the_median_throughput() -> None:
     # An even count takes the lower middle; a single run is reported as it is.
     assert scale.median_run([a, b])["jobs_per_min"]["steady"] == 60.0
     assert scale.median_run([a]) == a
+
+
+def test_throughput_is_split_at_the_intake_and_counted_by_minute() -> None:
+    closes = [10.0, 50.0, 70.0, 80.0, 90.0, 130.0]
+    assert scale.window_rate(closes, 0.0, 60.0) == 2.0  # two in the first minute
+    assert scale.window_rate(closes, 60.0, None) == 3.4  # four in the 70 s from 60 s to 130 s
+    assert scale.window_rate(closes, None, None) is None  # no intake measured
+    assert scale.window_rate([], 0.0, None) is None
+    assert scale.by_minute(closes) == [2, 3, 1]
+    assert scale.by_minute([]) == []

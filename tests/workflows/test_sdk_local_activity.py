@@ -49,7 +49,12 @@ async def run_once(client: Client, *, queried: bool) -> WorkflowHistory:
         async def query() -> None:
             while queried and not stop.is_set():
                 with contextlib.suppress(Exception):
-                    await handle.query(LocalActivityThenPatch.where)
+                    # Bounded: a query buffered behind a workflow task that timed out (a busy
+                    # machine misses the 0.8 s heartbeat) can wait far longer than the run,
+                    # and the gated local activity waits for the next query to get through.
+                    await handle.query(
+                        LocalActivityThenPatch.where, rpc_timeout=timedelta(seconds=2)
+                    )
                 await asyncio.sleep(0.005)
 
         querying = asyncio.ensure_future(query())
