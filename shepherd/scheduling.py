@@ -620,12 +620,17 @@ def placements(state: SchedulerState, *, first: int | None = None) -> list[tuple
 #: places a job of 1,000 waiting heard about six (docs/scale.md). ``status``, ``list`` and
 #: ``watch`` ask the scheduler for the exact place.
 PLACE_RANGES = (100, 1_000, 10_000, 100_000, 1_000_000)
+#: The ranges before them: a scheduler whose history told these replays with them (patch
+#: ``coarse-places``).
+FINE_PLACE_RANGES = (100, 200, 500, 1_000, 2_000, 5_000, 10_000, 20_000, 50_000, 100_000, 1_000_000)
 
 
-def place_range(position: int, first: int) -> tuple[int, int]:
+def place_range(
+    position: int, first: int, ranges: tuple[int, ...] = PLACE_RANGES
+) -> tuple[int, int]:
     """The range a job at ``position`` (beyond the ``first``) stands in: (from, to)."""
     low = first
-    for high in PLACE_RANGES:
+    for high in ranges:
         if position <= high and high > first:
             return low + 1, high
         low = max(low, high)
@@ -633,7 +638,12 @@ def place_range(position: int, first: int) -> tuple[int, int]:
 
 
 def places_to_tell(
-    state: SchedulerState, first: int, now: datetime, *, further: int
+    state: SchedulerState,
+    first: int,
+    now: datetime,
+    *,
+    further: int,
+    ranges: tuple[int, ...] = PLACE_RANGES,
 ) -> list[JobNotice]:
     """The place notices due, each waiting job's ``told`` brought up to date with them: to
     each of the first ``first`` of each line whose place (position, what it waits for)
@@ -653,7 +663,7 @@ def places_to_tell(
                 )
                 said, within = f"{place.position}|{place.waits_for}", None
             else:
-                low, within = place_range(i + 1, first)
+                low, within = place_range(i + 1, first, ranges)
                 said = f"{low}-{within}"
                 if ask.told == said or further <= 0:
                     continue

@@ -35,6 +35,8 @@ with workflow.unsafe.imports_passed_through():
     import workflows.versions as versions
     from activities.scheduling import SchedulingActivities
     from shepherd.scheduling import (
+        FINE_PLACE_RANGES,
+        PLACE_RANGES,
         SCHEDULER_TYPE,
         Ask,
         Capacity,
@@ -147,7 +149,14 @@ class SchedulerWorkflow:
         """The waiting jobs, their places or ranges (those that changed)."""
         now = workflow.now()
         self.places_at, self.places_due = now, None
-        notices = places_to_tell(self.s, self.s.places_first, now, further=PLACES_FURTHER)
+        coarse = workflow.patched(versions.COARSE_PLACES)
+        notices = places_to_tell(
+            self.s,
+            self.s.places_first,
+            now,
+            further=PLACES_FURTHER,
+            ranges=PLACE_RANGES if coarse else FINE_PLACE_RANGES,
+        )
         if notices:
             await self._send(notices)
 

@@ -50,6 +50,10 @@ TELL_JOBS_BY_ACTIVITY = "tell-jobs-by-activity"
 #: which their Web UI page shows.
 TELL_PLACES = "tell-places"
 
+#: The waiting jobs beyond the first of a line are told ranges by powers of ten (11-100,
+#: 101-1,000, ...), not the finer ranges before (51-100, 101-200, 201-500, ...): fewer notices.
+COARSE_PLACES = "coarse-places"
+
 #: Patches since the baseline, oldest first: (id, what changed, when it may be deprecated).
 PATCHES: tuple[tuple[str, str, str], ...] = (
     (
@@ -88,6 +92,12 @@ PATCHES: tuple[tuple[str, str, str], ...] = (
     (
         TELL_PLACES,
         "the scheduler tells the waiting jobs their places (or ranges)",
+        # Released 2026-11-29, plus the longest job lifetime (30 days).
+        "2026-12-30",
+    ),
+    (
+        COARSE_PLACES,
+        "the scheduler tells the waiting jobs ranges by powers of ten",
         # Released 2026-11-29, plus the longest job lifetime (30 days).
         "2026-12-30",
     ),

@@ -388,7 +388,7 @@ def test_the_metrics_give_each_pools_slots_and_use() -> None:
 
 
 def test_the_first_of_each_line_are_told_their_place_as_it_changes_the_rest_their_range() -> None:
-    from shepherd.scheduling import place_range, places_to_tell
+    from shepherd.scheduling import FINE_PLACE_RANGES, place_range, places_to_tell
 
     def told(s: SchedulerState, further: int = 100) -> dict[str, tuple[int, int | None]]:
         return {
@@ -426,6 +426,8 @@ def test_the_first_of_each_line_are_told_their_place_as_it_changes_the_rest_thei
     assert list(told(s, further=3)) == ["g1", "g2", "g3", "g4", "g5"]  # the nearest first
     assert list(told(s, further=3)) == ["g6", "g7", "g8"]
     assert place_range(51, 50) == (51, 100) and place_range(101, 50) == (101, 1_000)
+    # A scheduler whose history told the finer ranges of before replays with them.
+    assert place_range(101, 50, FINE_PLACE_RANGES) == (101, 200)
     assert place_range(151, 150) == (151, 1_000) and place_range(2_000_001, 50) == (
         1_000_001,
         2_000_001,
