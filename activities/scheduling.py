@@ -30,6 +30,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from shepherd.models import AskForSlotInput, SlotNoteInput
 from shepherd.scheduling import (
     HOLDING_PRIORITY,
+    PLACES_FIRST,
     SCHEDULER_TYPE,
     Ask,
     Capacity,
@@ -85,7 +86,7 @@ def seed(profile: Any, backend: str) -> SchedulerState:
         queues=dict(getattr(profile, "queues", {}) or {}),
         holder_check_s=float(getattr(profile, "holder_check_s", 30.0) or 30.0),
         places_every_s=float(getattr(profile, "places_every_s", 30.0) or 30.0),
-        places_first=int(getattr(profile, "places_first", 10)),
+        places_first=int(getattr(profile, "places_first", PLACES_FIRST)),
     )
 
 

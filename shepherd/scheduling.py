@@ -147,6 +147,11 @@ class Yielding(_Model):
     asked_at: datetime
 
 
+#: How many of each line a scheduler tells their exact place by default (the rest hear the
+#: range they stand in, ``PLACE_RANGES``): a backend profile's ``PLACES_FIRST``.
+PLACES_FIRST = 10
+
+
 class SchedulerState(_Model):
     """Everything the scheduler of one backend knows (carried across continue-as-new)."""
 
@@ -168,7 +173,7 @@ class SchedulerState(_Model):
     #: (seconds; ``places_first``, below).
     places_every_s: float = Field(default=30.0, gt=0, le=3600)
     #: Waiting jobs of each line told their exact place (the rest: the range they stand in).
-    places_first: int = Field(default=10, ge=0, le=10_000)
+    places_first: int = Field(default=PLACES_FIRST, ge=0, le=10_000)
     #: Counters (metrics): admissions, preemptions by cause, and per queue the seconds its
     #: jobs held slots (of those given back) and waited for them (of those admitted).
     admitted_total: int = 0

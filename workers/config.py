@@ -29,7 +29,13 @@ from collections.abc import Mapping
 from pydantic import BaseModel, Field, ValidationError
 
 from shepherd.platform import PlatformClient
-from shepherd.scheduling import Capacity, QueueConfig, pools_problem, quota_problem
+from shepherd.scheduling import (
+    PLACES_FIRST,
+    Capacity,
+    QueueConfig,
+    pools_problem,
+    quota_problem,
+)
 
 #: Defaults per well-known profile name.
 _DEFAULTS: dict[str, dict[str, object]] = {
@@ -66,7 +72,7 @@ class BackendProfile(BaseModel):
     #: How often its scheduler tells the first waiting jobs their places, at most.
     places_every_s: float = Field(default=30.0, gt=0)
     #: How many of each line its scheduler tells their exact place (the rest: a range).
-    places_first: int = Field(default=10, ge=0)
+    places_first: int = Field(default=PLACES_FIRST, ge=0)
 
     def api_key(self, env: Mapping[str, str]) -> str | None:
         return env.get(self.api_key_env) or None
@@ -110,7 +116,7 @@ def profiles_from_env(env: Mapping[str, str] | None = None) -> dict[str, Backend
             "pools": pools,
             "holder_check_s": _number(env, prefix + "HOLDER_CHECK", 30.0),
             "places_every_s": _number(env, prefix + "PLACES_EVERY", 30.0),
-            "places_first": int(_number(env, prefix + "PLACES_FIRST", 10, whole=True)),
+            "places_first": int(_number(env, prefix + "PLACES_FIRST", PLACES_FIRST, whole=True)),
         }
         if not values["url"]:
             raise BackendConfigError(f"backend {name!r}: set {prefix}URL")
