@@ -981,8 +981,8 @@ def window_rate(closes: list[float], start: float | None, end: float | None) -> 
     """Completions per minute from ``start`` to ``end`` (None: the last completion)."""
     if start is None:
         return None
-    inside = sorted(c for c in closes if c >= start and (end is None or c <= end))
-    stop = end if end is not None else (inside[-1] if inside else None)
+    inside = [c for c in closes if c >= start and (end is None or c <= end)]
+    stop = end if end is not None else max(inside, default=None)
     if stop is None or stop <= start:
         return None
     return round(len(inside) / ((stop - start) / 60), 1)
