@@ -71,6 +71,7 @@ from common import (
     KEY_ENV,
     EventLog,
     Stack,
+    cpu_times,
     log,
     machine,
     no_plot,
@@ -80,6 +81,7 @@ from common import (
     run_main,
     save_plot,
     shepherd_stack,
+    steal_pct,
     summary,
     supervised_settings,
     supervised_spec,
@@ -551,14 +553,21 @@ async def kill_later(workers: list[WorkerProcess], after_s: float, t0: float) ->
 
 
 def progress_line(
-    n: int, elapsed: float, closed: int, events: EventLog, rss_kib: int, server: ServerWrites
+    n: int,
+    elapsed: float,
+    closed: int,
+    events: EventLog,
+    rss_kib: int,
+    server: ServerWrites,
+    steal: float | None = None,
 ) -> str:
     states = Counter(s.short for s in events.states().values())
     plane = ", ".join(f"{k} {v}" for k, v in sorted(states.items()))
     rate = f"{server.rates[-1]:.0f}/s" if server.rates else "?"
+    stolen = "" if steal is None else f"; CPU stolen {steal:.0f} %"
     return (
         f"N={n} t={elapsed:.0f}s: {closed}/{n} closed; trainers: {plane or 'none yet'}; "
-        f"workers RSS {rss_kib / 1024:.0f} MiB; server writes {rate}"
+        f"workers RSS {rss_kib / 1024:.0f} MiB; server writes {rate}{stolen}"
     )
 
 
@@ -608,6 +617,7 @@ async def run_one(n: int, timeout_s: float, args: argparse.Namespace) -> dict[st
             cpu = CpuMeter(st, workers)
             specs = [job_spec(job_name(i), args) for i in range(n)]
             load_before = [round(x, 2) for x in os.getloadavg()]
+            ticks_before = cpu_times()
 
             cpu.start()
             await server.read()
@@ -625,6 +635,7 @@ async def run_one(n: int, timeout_s: float, args: argparse.Namespace) -> dict[st
 
             drained = False
             next_progress = PROGRESS_S
+            ticks = ticks_before
             while True:
                 # Closed, not "none running": visibility may not list a just-started one yet.
                 closed = await closed_count(st.client)
@@ -636,7 +647,9 @@ async def run_one(n: int, timeout_s: float, args: argparse.Namespace) -> dict[st
                     break
                 if elapsed >= next_progress:
                     await server.read()
-                    log(progress_line(n, elapsed, closed, events, sampler.sample(), server))
+                    ticks, last_ticks = cpu_times(), ticks
+                    stolen = steal_pct(last_ticks, ticks)
+                    log(progress_line(n, elapsed, closed, events, sampler.sample(), server, stolen))
                     next_progress += PROGRESS_S
                 for w in workers:
                     if not w.alive() and w.killed_at_s is None:
@@ -648,6 +661,7 @@ async def run_one(n: int, timeout_s: float, args: argparse.Namespace) -> dict[st
             cpu_used = cpu.stop()
             await server.read()
             load_after = [round(x, 2) for x in os.getloadavg()]
+            steal = steal_pct(ticks_before, cpu_times())
             log(f"N={n}: {'drained' if drained else 'NOT drained'} after {end_s:.1f} s")
             if killer is not None and not killer.done():
                 killer.cancel()
@@ -695,6 +709,7 @@ async def run_one(n: int, timeout_s: float, args: argparse.Namespace) -> dict[st
                 cpu_s=cpu_used,
                 temporal_persistence=server.report(end_s),
                 load_average_before_after=[load_before, load_after],
+                cpu_steal_pct=steal,
                 plane_config=faults,
                 task_queue=task_queue,
                 # Names only: the key's value stays out of the report.
@@ -961,6 +976,8 @@ def jobs_per_minute(closes: list[float], end_s: float, slots: int) -> dict[str, 
     the first wave's other ``slots - 1`` completions without their cycle, which overstates
     small runs (N = 20 on 4 slots: 19 completions in the time of 16, +19 %) and barely
     touches large ones (N = 1,000: +0.3 %).
+    ``full_pipeline``: as ``steady``, but to the ``N - slots``-th completion, after which
+    no job is left to start and the last ``slots`` run as the machine empties.
     ``overall``: completions per minute from t0 to the end of the run (adds one job's
     latency at the start). None where the window holds no completion."""
     closes = sorted(closes)
@@ -970,8 +987,15 @@ def jobs_per_minute(closes: list[float], end_s: float, slots: int) -> dict[str, 
             return None
         return round((len(closes) - 1 - first) / ((closes[-1] - closes[first]) / 60), 1)
 
+    # The last wave: after the (N - slots)-th completion no job is left to start, and the
+    # last jobs run on a machine with fewer and fewer others (a quarter of N = 20's window).
+    full = None
+    lo, hi = max(0, slots - 1), len(closes) - slots - 1
+    if hi > lo and closes[hi] > closes[lo]:
+        full = round((hi - lo) / ((closes[hi] - closes[lo]) / 60), 1)
     return {
         "steady": rate(max(0, slots - 1)),
+        "full_pipeline": full,
         "first_to_last": rate(0),
         "overall": round(len(closes) / (end_s / 60), 1) if end_s > 0 else None,
     }
@@ -1122,6 +1146,8 @@ def analyse(
             "after_intake": window_rate(closes, intake_s, None),
             "by_minute": by_minute(closes),
         },
+        # Every completion, seconds from t0 (the rates above are windows of these).
+        "closes_s": [round(c, 2) for c in sorted(closes)],
         "intake_s": r3(intake_s) if intake_s is not None else None,
         "slot_held_s": stats_of(held),
         "freed_to_training_s": {
@@ -1189,7 +1215,9 @@ METHOD = {
     "COMPLETED (every slot starts at t0, so the slots-th completion ends the first wave and "
     "the window holds whole slot cycles); beside it 'first_to_last': (completed - 1) / (last "
     "- first completion) x 60, which counts the first wave's other completions without their "
-    "cycle (+19 % at N = 20 on 4 slots), and 'overall': completed / (drained or run time) x 60; "
+    "cycle (+19 % at N = 20 on 4 slots), 'full_pipeline': as steady but to the "
+    "(completed - slots)-th completion (after it no job is left to start and the last slots' "
+    "jobs run on an emptying machine), and 'overall': completed / (drained or run time) x 60; "
     "'during_intake' and 'after_intake': completions per minute before and after intake_s, "
     "'by_minute': completions in each minute from t0",
     "intake_s": "when the worker had run every job's first workflow task (the last first "
@@ -1232,6 +1260,10 @@ METHOD = {
     f"over one {PROGRESS_S:g} s progress interval",
     "cpu_s": "CPU seconds each part used from t0 to the end of the run (trainers: those the "
     "plane has reaped)",
+    "cpu_steal_pct": "the share of the machine's CPU time taken by its hypervisor for others "
+    "from t0 to the end of the run (/proc/stat's steal counter): on a virtual machine a run "
+    "with much of it stolen is slower for reasons outside the stack",
+    "closes_s": "every completion's close time, seconds from t0, ascending",
 }
 
 

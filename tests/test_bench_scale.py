@@ -122,9 +122,19 @@ def test_a_trainer_belongs_to_the_workflow_that_recorded_it_else_the_longest_pre
 def test_jobs_per_minute_steady_leaves_out_the_first_jobs_latency() -> None:
     # One slot: the first job done at 10 s, then one every 2 s: 4 jobs in 8 s after the first.
     rates = scale.jobs_per_minute([10.0, 12.0, 14.0, 16.0, 18.0], end_s=20.0, slots=1)
-    assert rates == {"steady": 30.0, "first_to_last": 30.0, "overall": 15.0}
+    assert rates == {
+        "steady": 30.0,
+        "full_pipeline": 30.0,
+        "first_to_last": 30.0,
+        "overall": 15.0,
+    }
     single = scale.jobs_per_minute([10.0], end_s=20.0, slots=1)
-    assert single == {"steady": None, "first_to_last": None, "overall": 3.0}
+    assert single == {
+        "steady": None,
+        "full_pipeline": None,
+        "first_to_last": None,
+        "overall": 3.0,
+    }
 
 
 def test_jobs_per_minute_steady_starts_after_the_first_wave() -> None:
@@ -135,8 +145,32 @@ def test_jobs_per_minute_steady_starts_after_the_first_wave() -> None:
     rates = scale.jobs_per_minute(closes, end_s=31.0, slots=2)
     assert rates["steady"] == 12.0  # 4 completions from 11 s to 31 s
     assert rates["first_to_last"] == 14.3  # 5 completions from 10 s to 31 s
+    assert rates["full_pipeline"] == 12.0  # 2 completions from 11 s to 21 s
     # No completion after the first wave: no steady rate.
     assert scale.jobs_per_minute([10.0, 11.0], end_s=11.0, slots=2)["steady"] is None
+
+
+def test_full_pipeline_leaves_out_the_last_wave_on_an_emptying_machine() -> None:
+    # Two slots, a job every 10 s each while all are busy; the last two jobs run alone on
+    # the machine and take 3 s and 4 s (no handover, no new job starting beside them).
+    closes = [10.0, 11.0, 20.0, 21.0, 30.0, 31.0, 34.0, 35.0]
+    rates = scale.jobs_per_minute(closes, end_s=35.0, slots=2)
+    assert rates["steady"] == 15.0  # 6 completions from 11 s to 35 s: the last wave's speed
+    assert rates["full_pipeline"] == 12.0  # 4 completions from 11 s to 31 s
+    # Too few jobs for a full pipeline (no completion between the two waves).
+    assert scale.jobs_per_minute([10.0, 11.0, 14.0], end_s=14.0, slots=2)["full_pipeline"] is None
+
+
+def test_cpu_steal_is_the_share_of_all_cpu_time_the_hypervisor_took() -> None:
+    common: Any = pytest.importorskip("common")
+    # user nice system idle iowait irq softirq steal (ticks)
+    before = [100, 0, 50, 800, 10, 0, 0, 40]
+    after = [400, 0, 150, 1000, 10, 0, 0, 340]
+    assert common.steal_pct(before, after) == 33.3  # 300 of 900 ticks
+    assert common.steal_pct(None, after) is None
+    assert common.steal_pct(before, before) is None
+    ticks = common.cpu_times()
+    assert ticks is None or len(ticks) >= 8
 
 
 def test_repeated_runs_report_the_one_with_the_median_throughput() -> None:
