@@ -8,13 +8,15 @@ metric, the dataset is readable here and parses, the base model exists on the ba
 this account; a program job's program is registered here, its arguments leave alone what
 its registration fixes, and the tokenizer its model argument names loads on an offline worker.
 Every problem is reported at once, each as ``field: rule``; the job then fails before it is
-provisioned.
+provisioned. A job whose checks all pass may have its first ask for a slot sent from here
+(``PreflightInput.ask``): one activity less in every job's intake.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Awaitable, Callable
 
 from temporalio import activity
 
@@ -22,12 +24,17 @@ from activities.base import ClientProvider, log, refusal, translate
 from shepherd import datasets, loops, offline, programs
 from shepherd.models import PreflightInput, PreflightResult
 from shepherd.platform import NotFound, PermissionDenied, PlatformError, rules
+from shepherd.scheduling import Ask
 from workflows import policies
+
+#: Sends a job's ask to its backend's scheduler (``SchedulingActivities.ask``).
+Asker = Callable[[str, Ask], Awaitable[None]]
 
 
 class PreflightActivities:
-    def __init__(self, clients: ClientProvider) -> None:
+    def __init__(self, clients: ClientProvider, ask: Asker | None = None) -> None:
         self.clients = clients
+        self._ask = ask
 
     @activity.defn(name="preflight")
     async def preflight(self, inp: PreflightInput) -> PreflightResult:
@@ -59,10 +66,24 @@ class PreflightActivities:
             log().info("job.preflight_refused", problems=[p for _, p in problems])
             raise refusal("; ".join(p for _, p in problems), problems[0][0])
         profile = getattr(self.clients, "profiles", {}).get(inp.backend)
+        admission = getattr(profile, "slots", None) is not None
         return PreflightResult(
             total_steps=_program_total(inp),
-            admission=getattr(profile, "slots", None) is not None,
+            admission=admission,
+            asked=admission and await self._asked(inp),
         )
+
+    async def _asked(self, inp: PreflightInput) -> bool:
+        """The job's first ask, sent for it now that every check passed: whether it was.
+        A failure is no refusal (the job asks again itself, with its own retries)."""
+        if inp.ask is None or self._ask is None:
+            return False
+        try:
+            await self._ask(inp.backend, inp.ask)
+        except Exception as exc:  # noqa: BLE001 - said, and the job's own ask follows
+            log().warning("job.preflight_ask_failed", error=f"{type(exc).__name__}: {exc}")
+            return False
+        return True
 
     async def _base_model_problem(self, inp: PreflightInput) -> str | None:
         m = rules.MODEL_NAME_RE.match(inp.base_model)

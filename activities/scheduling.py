@@ -139,13 +139,19 @@ class SchedulingActivities:
 
     @activity.defn(name="ask_for_slot")
     async def ask_for_slot(self, inp: AskForSlotInput) -> None:
-        batcher = self._batchers.get(inp.backend)
+        await self.ask(inp.backend, inp.ask)
+
+    async def ask(self, backend: str, ask: Ask) -> None:
+        """Send ``ask`` to ``backend``'s scheduler (starting it the first time), with the
+        asks this worker sends meanwhile. Inside an activity: ``ask_for_slot``, or a
+        job's preflight that asks for it (activities/preflight.py)."""
+        batcher = self._batchers.get(backend)
         if batcher is None:
             client, task_queue = activity.client(), activity.info().task_queue
-            batcher = self._batchers[inp.backend] = AskBatcher(
-                lambda asks: self._send_asks(client, task_queue, inp.backend, asks)
+            batcher = self._batchers[backend] = AskBatcher(
+                lambda asks: self._send_asks(client, task_queue, backend, asks)
             )
-        await batcher.ask(inp.ask)
+        await batcher.ask(ask)
 
     async def _send_asks(self, client: Any, task_queue: str, backend: str, asks: list[Ask]) -> None:
         profile = self.clients.profiles.get(backend)

@@ -238,6 +238,9 @@ class PreflightInput(Model):
     metric: str | None = None
     dataset: str | None = None
     validation_split: float = 0.1
+    #: The job's first ask for a slot, sent once every check passed if the backend declares
+    #: its capacity (one activity and one workflow task fewer in every job's intake).
+    ask: Ask | None = None
 
 
 class PreflightResult(Model):
@@ -247,6 +250,8 @@ class PreflightResult(Model):
     total_steps: int | None = None
     #: The backend declares its capacity: the job waits for admission in Shepherd.
     admission: bool = False
+    #: The input's ``ask`` reached the backend's scheduler (False: the job asks itself).
+    asked: bool = False
 
 
 class PublishInput(Model):

@@ -67,8 +67,9 @@ def activities_for(
     """Every activity, as bound methods of objects sharing one set of platform clients.
     ``control_queue``: the task queue only this worker polls (its programs are steered
     there; activities/programs.py)."""
+    scheduling = SchedulingActivities(registry)  # signals the scheduler through the client
     groups = [
-        PreflightActivities(registry),
+        PreflightActivities(registry, ask=scheduling.ask),  # (a job's first ask, with it)
         ProvisioningActivities(registry),
         ReadinessActivities(registry),
         TrainingActivities(registry),
@@ -79,7 +80,7 @@ def activities_for(
         ClaimActivities(),  # uses the worker's Temporal client
         ReaperActivities(registry),  # and this one too, for visibility
         ProgramActivities(registry, control_queue or f"programs-{uuid.uuid4().hex}"),
-        SchedulingActivities(registry),  # signals the scheduler through the Temporal client
+        scheduling,
     ]
     found = []
     for group in groups:

@@ -3,7 +3,8 @@ and its output model's claim, the worker-side preflight (loop or program, metric
 base model, deployments), the training shape, the checkpoint it starts from and whether its
 output model id is free. A failure here costs no GPU.
 
-The place where admission before provisioning (priority, quotas, a queue position) goes.
+Admission itself (priority, quotas, a place in line) is workflows/slot.py; the preflight
+sends the job's first ask there.
 
 Reads and changes the job's :class:`~workflows.context.JobContext`; activities:
 ``take_model_claim``/``settle_model_claim``, ``preflight``, ``resolve_shape``,
@@ -20,6 +21,8 @@ from temporalio.exceptions import ActivityError
 with workflow.unsafe.imports_passed_through():
     import workflows.checkpointing as checkpointing
     import workflows.policies as policies
+    import workflows.slot as slot
+    import workflows.versions as versions
     from activities.claims import MODEL_CLAIMED, ClaimActivities, ClaimInput
     from activities.preflight import PreflightActivities
     from activities.promotion import PromotionActivities
@@ -62,6 +65,9 @@ async def preflight(ctx: JobContext) -> None:
     spec = ctx.spec
     c, tr = spec.checkpoint, spec.training
     program = tr.program is not None
+    # Where the backend has a scheduler, the preflight also sends the job's first ask: one
+    # activity and one workflow task fewer in every job's intake (a burst of thousands).
+    ask = slot.ask_ahead(ctx) if workflow.patched(versions.ASK_WITH_PREFLIGHT) else None
     checked: PreflightResult | None = await ctx.act(
         PreflightActivities.preflight,
         PreflightInput(
@@ -83,6 +89,7 @@ async def preflight(ctx: JobContext) -> None:
                 )
                 if name
             },
+            ask=ask,
         ),
         ctx.pol.lookup,
         "preflight: loop, metric, dataset, base model",
@@ -91,6 +98,8 @@ async def preflight(ctx: JobContext) -> None:
         ctx.s.total_steps = checked.total_steps  # a program's, from its arguments
     if checked is not None:
         ctx.slot.enabled = checked.admission
+    if ask is not None:
+        slot.asked_ahead(ctx, checked is not None and checked.asked)
 
 
 def fill_templates(ctx: JobContext) -> None:

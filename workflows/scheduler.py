@@ -1,8 +1,8 @@
 """``ShepherdScheduler``: the admission of one backend's jobs to its capacity, as one
 long-lived workflow (id ``shepherd-scheduler-<backend>``).
 
-Jobs ask for a slot (``ask``, sent by the job's ``ask_for_slot`` activity, which starts the
-scheduler with its seed the first time), give it back (``release``) and say when they have
+Jobs ask for a slot (``asks``, sent by the job's preflight or its ``ask_for_slot`` activity,
+which start the scheduler with its seed the first time), give it back (``release``) and say when they have
 checkpointed (``checkpointed``); the scheduler decides (shepherd/scheduling.py: priority,
 quotas, borrowing, preemption) and tells them: ``slot_granted`` to a job admitted,
 ``make_way`` to a job that must give its slot to a more urgent one. Operators read its state

@@ -9,7 +9,7 @@ does, as before.
 
 Reads and changes the job's :class:`~workflows.context.JobContext` (``ctx.slot``);
 activities ``ask_for_slot``, ``release_slot``, ``note_checkpointed`` (policy
-``SLOT_MESSAGE``).
+``SLOT_MESSAGE``); a new job's first ask goes with its preflight (workflows/admission.py).
 
 Deterministic code only.
 """
@@ -53,17 +53,8 @@ async def take(ctx: JobContext) -> None:
     spec = ctx.spec
     if not slot.asked:
         ctx.stop_if_cancelled()
-        slot.seq += 1
-        ask = Ask(
-            job=ctx.s.workflow_id,
-            seq=slot.seq,
-            queue=spec.scheduling.queue or DEFAULT_QUEUE,
-            priority=spec.scheduling.priority,
-            preemptible=spec.scheduling.preemptible,
-            capabilities=list(spec.scheduling.required_capabilities),
-            pool=pool_of(spec.trainer.training_shape, spec.trainer.accelerator_type),
-            arrival=slot.arrival,
-        )
+        ask = next_ask(ctx)
+        slot.seq = ask.seq
         # Asked before the call: a cancel meanwhile gives the place back (the ask may land).
         slot.asked, slot.asked_at = True, workflow.now()
         await ctx.act(
@@ -92,6 +83,39 @@ async def take(ctx: JobContext) -> None:
         await ctx.maybe_continue_as_new()
     ctx.s.admission, ctx.s.placement = None, None
     ctx.publish()
+
+
+def next_ask(ctx: JobContext) -> Ask:
+    """The job's next request for a slot (number ``slot.seq + 1``)."""
+    spec, slot = ctx.spec, ctx.slot
+    return Ask(
+        job=ctx.s.workflow_id,
+        seq=slot.seq + 1,
+        queue=spec.scheduling.queue or DEFAULT_QUEUE,
+        priority=spec.scheduling.priority,
+        preemptible=spec.scheduling.preemptible,
+        capabilities=list(spec.scheduling.required_capabilities),
+        pool=pool_of(spec.trainer.training_shape, spec.trainer.accelerator_type),
+        arrival=slot.arrival,
+    )
+
+
+def ask_ahead(ctx: JobContext) -> Ask:
+    """The job's first request, for its preflight to send once every check passed. Taken
+    as sent from now on: the scheduler's grant may come before the preflight's result."""
+    slot = ctx.slot
+    ask = next_ask(ctx)
+    slot.seq, slot.asked, slot.asked_at = ask.seq, True, workflow.now()
+    return ask
+
+
+def asked_ahead(ctx: JobContext, sent: bool) -> None:
+    """The preflight's word on the request :func:`ask_ahead` gave it. Not sent (no scheduler
+    here, or the send failed): :func:`take` asks itself, with the next number (a request
+    that landed after all is replaced by it)."""
+    slot = ctx.slot
+    if not sent and not slot.held:
+        slot.asked, slot.asked_at = False, None
 
 
 def told_place(ctx: JobContext, notice: PlaceNotice) -> None:

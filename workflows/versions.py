@@ -54,6 +54,10 @@ TELL_PLACES = "tell-places"
 #: 101-1,000, ...), not the finer ranges before (51-100, 101-200, 201-500, ...): fewer notices.
 COARSE_PLACES = "coarse-places"
 
+#: A job's preflight also sends its first ask for a slot (where the backend has a scheduler):
+#: jobs before it asked in an activity of its own, after the preflight.
+ASK_WITH_PREFLIGHT = "ask-with-preflight"
+
 #: Patches since the baseline, oldest first: (id, what changed, when it may be deprecated).
 PATCHES: tuple[tuple[str, str, str], ...] = (
     (
@@ -99,6 +103,11 @@ PATCHES: tuple[tuple[str, str, str], ...] = (
         COARSE_PLACES,
         "the scheduler tells the waiting jobs ranges by powers of ten",
         # Released 2026-11-29, plus the longest job lifetime (30 days).
+        "2026-12-30",
+    ),
+    (
+        ASK_WITH_PREFLIGHT,
+        "a job's preflight sends its first ask for a slot",
         "2026-12-30",
     ),
 )

@@ -18,6 +18,7 @@ import pytest
 from temporalio.client import WorkflowFailureError, WorkflowHandle
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.scheduling import SchedulingActivities
 from localplane.admin import PlaneAdmin
 from localplane.process import PlaneProcess
 from shepherd.models import JobStatus, PauseRequest, PauseResult, ResumeRequest
@@ -277,7 +278,9 @@ async def test_every_ending_gives_the_slot_back(sched: Stack, backend: str) -> N
     # Its tasks ran at its own priority until it held a trainer, then ahead of all that
     # hold none (a GPU idles while they wait).
     keys = await activity_priorities(done)
-    assert keys["ask_for_slot"] == {task_priority(2).priority_key} != {1}, keys
+    # (Its preflight sent its ask: no activity of its own for it.)
+    assert "ask_for_slot" not in keys, keys
+    assert keys["preflight"] == {task_priority(2).priority_key} != {1}, keys
     for held in ("create_trainer", "open_model", "train_chunk", "save_checkpoint"):
         assert keys[held] == {HOLDING_PRIORITY.priority_key}, keys
     # Cancelled while holding it, and while waiting for it.
@@ -331,6 +334,87 @@ async def test_every_ending_gives_the_slot_back(sched: Stack, backend: str) -> N
     await free()
     state = await scheduler(sched, backend)
     assert state.waiting == [] and state.reserved == {} and state.yielding == {}
+
+
+async def activity_types(handle: WorkflowHandle[Any, Any]) -> list[str]:
+    """The activities the job scheduled, in order."""
+    return [
+        e.activity_task_scheduled_event_attributes.activity_type.name
+        async for e in handle.fetch_history_events()
+        if e.HasField("activity_task_scheduled_event_attributes")
+    ]
+
+
+async def granted_to(stack: Stack, backend: str, job_id: str, timeout: float = 30) -> None:
+    async with asyncio.timeout(timeout):
+        while job_id not in (await scheduler(stack, backend)).holders:
+            await asyncio.sleep(0.05)
+
+
+@pytest.mark.capacity(slots=1)
+async def test_the_preflight_asks_and_a_grant_before_its_answer_is_kept(
+    sched: Stack, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The preflight sends the job's first ask once its checks pass. The scheduler may
+    grant it (a free slot) before the preflight's answer reaches the job: the grant is the
+    job's, the job trains on it and gives it back, and it asked once."""
+    sent: list[list[str]] = []
+    original = SchedulingActivities._send_asks
+
+    async def send_then_wait(
+        self: SchedulingActivities, client: Any, tq: str, backend_: str, asks: list[Any]
+    ) -> None:
+        await original(self, client, tq, backend_, asks)
+        sent.append([a.job for a in asks])
+        for a in asks:  # the grant is signalled before this activity answers
+            await granted_to(sched, backend, a.job)
+            handle = sched.client.get_workflow_handle(a.job)
+            async with asyncio.timeout(30):
+                while not any(
+                    e.workflow_execution_signaled_event_attributes.signal_name == "slot_granted"
+                    async for e in handle.fetch_history_events()
+                ):
+                    await asyncio.sleep(0.05)
+
+    monkeypatch.setattr(SchedulingActivities, "_send_asks", send_then_wait)
+    first = await sched.start(job(sched, "early-grant", backend, steps=5))
+    final = await first.result()
+    assert final.phase is Phase.COMPLETED and final.step == 5
+    assert sent == [[first.id]]
+    types = await activity_types(first)
+    assert types[0] == "preflight" and "ask_for_slot" not in types, types
+    async with asyncio.timeout(30):
+        while (await scheduler(sched, backend)).holders:
+            await asyncio.sleep(0.1)
+
+
+@pytest.mark.capacity(slots=1)
+async def test_a_job_whose_preflight_could_not_ask_asks_itself(
+    sched: Stack, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scheduler unreachable for the preflight's ask (its signal failing): no refusal,
+    the job sends its own ask with its own retries, and runs."""
+    original = SchedulingActivities._send_asks
+    failed: list[str] = []
+
+    async def fail_once(
+        self: SchedulingActivities, client: Any, tq: str, backend_: str, asks: list[Any]
+    ) -> None:
+        if not failed:
+            failed.extend(a.job for a in asks)
+            raise RPCError("the scheduler is away", RPCStatusCode.UNAVAILABLE, b"")
+        await original(self, client, tq, backend_, asks)
+
+    monkeypatch.setattr(SchedulingActivities, "_send_asks", fail_once)
+    handle = await sched.start(job(sched, "asks-itself", backend, steps=5))
+    final = await handle.result()
+    assert final.phase is Phase.COMPLETED and failed == [handle.id]
+    types = await activity_types(handle)
+    assert types[0] == "preflight" and types.count("ask_for_slot") == 1, types
+    assert types.index("ask_for_slot") < types.index("create_trainer"), types
+    async with asyncio.timeout(30):
+        while (await scheduler(sched, backend)).holders:
+            await asyncio.sleep(0.1)
 
 
 @pytest.mark.capacity(slots=3, queues={"a": QueueConfig(name="a", quota=1)})
