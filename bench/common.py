@@ -40,7 +40,7 @@ from shepherd.spec import JobSpec, validate_spec
 from shepherd.states import JobState
 from shepherd.tinker_client import TrainingClient
 from workers.config import BackendProfile, BackendRegistry
-from workers.devstack import TIMER_FLAGS
+from workers.devstack import SQLITE_FLAGS, TIMER_FLAGS
 from workers.events import EventBridge
 from workers.main import workers_for
 from workflows.job import TrainingJobWorkflow
@@ -478,8 +478,9 @@ async def shepherd_stack(
 ) -> AsyncIterator[Stack]:
     """Start everything; stop everything this started, also on errors and cancellation.
 
-    The dev server keeps its state in memory, or with ``db_filename`` in that SQLite file
-    (what ``shepherd dev`` does: every write then goes to disk, which bounds its throughput);
+    The dev server keeps its state in memory, or with ``db_filename`` in that SQLite file,
+    in WAL mode (what ``shepherd dev`` does: every write then goes to disk, which bounds its
+    throughput);
     ``server_args`` go to ``temporal server start-dev`` as they are."""
     async with contextlib.AsyncExitStack() as stack:
         log(f"starting the Temporal dev server ({db_filename or 'in memory'})")
@@ -489,7 +490,12 @@ async def shepherd_stack(
             data_converter=pydantic_data_converter,
             search_attributes=list(sa.ALL),
             dev_server_log_level="error",
-            dev_server_extra_args=[*TIMER_FLAGS, *server_args],  # as `shepherd dev` runs it
+            # As `shepherd dev` runs it.
+            dev_server_extra_args=[
+                *TIMER_FLAGS,
+                *(SQLITE_FLAGS if db_filename else ()),
+                *server_args,
+            ],
             ui=False,
         )
         await stack.enter_async_context(env)
