@@ -345,6 +345,15 @@ async def activity_types(handle: WorkflowHandle[Any, Any]) -> list[str]:
     ]
 
 
+async def signals(handle: WorkflowHandle[Any, Any]) -> list[str]:
+    """The signals in the job's history, in order."""
+    return [
+        e.workflow_execution_signaled_event_attributes.signal_name
+        async for e in handle.fetch_history_events()
+        if e.HasField("workflow_execution_signaled_event_attributes")
+    ]
+
+
 async def granted_to(stack: Stack, backend: str, job_id: str, timeout: float = 30) -> None:
     async with asyncio.timeout(timeout):
         while job_id not in (await scheduler(stack, backend)).holders:
@@ -370,10 +379,7 @@ async def test_the_preflight_asks_and_a_grant_before_its_answer_is_kept(
             await granted_to(sched, backend, a.job)
             handle = sched.client.get_workflow_handle(a.job)
             async with asyncio.timeout(30):
-                while not any(
-                    e.workflow_execution_signaled_event_attributes.signal_name == "slot_granted"
-                    async for e in handle.fetch_history_events()
-                ):
+                while "slot_granted" not in await signals(handle):
                     await asyncio.sleep(0.05)
 
     monkeypatch.setattr(SchedulingActivities, "_send_asks", send_then_wait)
@@ -383,6 +389,17 @@ async def test_the_preflight_asks_and_a_grant_before_its_answer_is_kept(
     assert sent == [[first.id]]
     types = await activity_types(first)
     assert types[0] == "preflight" and "ask_for_slot" not in types, types
+    # The grant reached the job before the preflight's answer (the race this test is about):
+    # the preflight is the job's first activity.
+    kinds = [
+        e.workflow_execution_signaled_event_attributes.signal_name
+        if e.HasField("workflow_execution_signaled_event_attributes")
+        else "completed"
+        async for e in first.fetch_history_events()
+        if e.HasField("workflow_execution_signaled_event_attributes")
+        or e.HasField("activity_task_completed_event_attributes")
+    ]
+    assert kinds.index("slot_granted") < kinds.index("completed"), kinds
     async with asyncio.timeout(30):
         while (await scheduler(sched, backend)).holders:
             await asyncio.sleep(0.1)
