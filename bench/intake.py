@@ -31,8 +31,11 @@ import contextlib
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from shepherd.scheduling import SchedulerState
 
 # isort: split
 # bench/ is sys.path[0] when a script runs as `python bench/<name>.py`: not a package import.
@@ -53,6 +56,19 @@ from scale import (
 #: Waiting jobs whose histories are read for ``events_per_waiting_job``.
 SAMPLE = 30
 POLL_S = 0.5
+
+
+async def until(
+    client: Any, check: Callable[[SchedulerState], bool], timeout: float, what: str
+) -> None:
+    """Poll the scheduler's state until ``check`` holds (or fail after ``timeout`` s)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = await scheduler_state(client)
+        if state is not None and check(state):
+            return
+        await asyncio.sleep(POLL_S)
+    raise RuntimeError(f"not {what} within {timeout:g} s")
 
 
 def net_per_job(used: float, base_rate: float, seconds: float, n: int) -> float:
@@ -80,8 +96,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             stack.callback(stop_workers, workers)
             await start_workers(workers, st, 1, task_queue, run_dir, args)
             await submit(st.client, [spec_of("holder", args, 0)], task_queue, 1)
-            while (state := await scheduler_state(st.client)) is None or not state.holders:
-                await asyncio.sleep(POLL_S)
+            await until(st.client, lambda s: bool(s.holders), args.timeout, "the holder admitted")
             url = f"http://127.0.0.1:{metrics_port}/metrics"
 
             async def measure(body: Any) -> tuple[float, dict[str, float], dict[str, Any]]:
@@ -107,10 +122,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 if errors:
                     raise RuntimeError(f"submissions failed: {errors[:3]}")
                 ids.extend(started)
-                while (s := await scheduler_state(st.client)) is None or sum(
-                    s.waiting_in().values()
-                ) < n:
-                    await asyncio.sleep(POLL_S)
+                await until(
+                    st.client,
+                    lambda s: sum(s.waiting_in().values()) >= n,
+                    args.timeout,
+                    f"{n} jobs waiting",
+                )
 
             log(f"taking in {n} jobs")
             seconds, used, srv = await measure(intake)
@@ -156,6 +173,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--step-ms", type=float, default=50.0, help="emulated GPU time per step")
     parser.add_argument("--steps", type=positive(int), default=100_000, help="steps of each job")
     parser.add_argument("--log-level", default="WARNING", help="the worker's SHEPHERD_LOG_LEVEL")
+    parser.add_argument("--timeout", type=positive(float), default=600.0, help="seconds per wait")
     return parser.parse_args(argv)
 
 

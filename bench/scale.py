@@ -75,6 +75,7 @@ from common import (
     log,
     machine,
     no_plot,
+    pace_ms,
     positive,
     pyplot,
     r3,
@@ -617,6 +618,7 @@ async def run_one(n: int, timeout_s: float, args: argparse.Namespace) -> dict[st
             cpu = CpuMeter(st, workers)
             specs = [job_spec(job_name(i), args) for i in range(n)]
             load_before = [round(x, 2) for x in os.getloadavg()]
+            pace_before = pace_ms()
             ticks_before = cpu_times()
 
             cpu.start()
@@ -662,6 +664,7 @@ async def run_one(n: int, timeout_s: float, args: argparse.Namespace) -> dict[st
             await server.read()
             load_after = [round(x, 2) for x in os.getloadavg()]
             steal = steal_pct(ticks_before, cpu_times())
+            pace_after = pace_ms()
             log(f"N={n}: {'drained' if drained else 'NOT drained'} after {end_s:.1f} s")
             if killer is not None and not killer.done():
                 killer.cancel()
@@ -710,6 +713,7 @@ async def run_one(n: int, timeout_s: float, args: argparse.Namespace) -> dict[st
                 temporal_persistence=server.report(end_s),
                 load_average_before_after=[load_before, load_after],
                 cpu_steal_pct=steal,
+                machine_pace_ms=[pace_before, pace_after],
                 plane_config=faults,
                 task_queue=task_queue,
                 # Names only: the key's value stays out of the report.
@@ -1264,6 +1268,9 @@ METHOD = {
     "from t0 to the end of the run (/proc/stat's steal counter): on a virtual machine a run "
     "with much of it stolen is slower for reasons outside the stack",
     "closes_s": "every completion's close time, seconds from t0, ascending",
+    "machine_pace_ms": "before and after the run (the stack up and idle), the milliseconds this machine took for a fixed piece of pure-Python work "
+    "(common.pace_ms, the best of 5): its pace then, to compare runs made at different "
+    "times on a machine whose pace drifts",
 }
 
 

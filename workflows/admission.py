@@ -67,7 +67,7 @@ async def preflight(ctx: JobContext) -> None:
     program = tr.program is not None
     # Where the backend has a scheduler, the preflight also sends the job's first ask: one
     # activity and one workflow task fewer in every job's intake (a burst of thousands).
-    ask = slot.ask_ahead(ctx) if workflow.patched(versions.ASK_WITH_PREFLIGHT) else None
+    ask = slot.new_request(ctx) if workflow.patched(versions.ASK_WITH_PREFLIGHT) else None
     checked: PreflightResult | None = await ctx.act(
         PreflightActivities.preflight,
         PreflightInput(

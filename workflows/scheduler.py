@@ -2,8 +2,8 @@
 long-lived workflow (id ``shepherd-scheduler-<backend>``).
 
 Jobs ask for a slot (``asks``, sent by the job's preflight or its ``ask_for_slot`` activity,
-which start the scheduler with its seed the first time), give it back (``release``) and say when they have
-checkpointed (``checkpointed``); the scheduler decides (shepherd/scheduling.py: priority,
+which start the scheduler with its seed the first time), give it back (``release``) and say
+when they have checkpointed (``checkpointed``); the scheduler decides (shepherd/scheduling.py: priority,
 quotas, borrowing, preemption) and tells them: ``slot_granted`` to a job admitted,
 ``make_way`` to a job that must give its slot to a more urgent one. Operators read its state
 (``state``, ``where``) and change its queues and capacity while jobs run (updates ``configure``

@@ -53,10 +53,7 @@ async def take(ctx: JobContext) -> None:
     spec = ctx.spec
     if not slot.asked:
         ctx.stop_if_cancelled()
-        ask = next_ask(ctx)
-        slot.seq = ask.seq
-        # Asked before the call: a cancel meanwhile gives the place back (the ask may land).
-        slot.asked, slot.asked_at = True, workflow.now()
+        ask = new_request(ctx)
         await ctx.act(
             SchedulingActivities.ask_for_slot,
             AskForSlotInput(backend=spec.backend, ask=ask),
@@ -85,10 +82,12 @@ async def take(ctx: JobContext) -> None:
     ctx.publish()
 
 
-def next_ask(ctx: JobContext) -> Ask:
-    """The job's next request for a slot (number ``slot.seq + 1``)."""
+def new_request(ctx: JobContext) -> Ask:
+    """The job's next request for a slot, taken as asked from now on, before the call that
+    sends it: the scheduler's grant may reach the job before that call's answer does, and a
+    cancel meanwhile gives the place back (the ask may land)."""
     spec, slot = ctx.spec, ctx.slot
-    return Ask(
+    ask = Ask(
         job=ctx.s.workflow_id,
         seq=slot.seq + 1,
         queue=spec.scheduling.queue or DEFAULT_QUEUE,
@@ -98,21 +97,15 @@ def next_ask(ctx: JobContext) -> Ask:
         pool=pool_of(spec.trainer.training_shape, spec.trainer.accelerator_type),
         arrival=slot.arrival,
     )
-
-
-def ask_ahead(ctx: JobContext) -> Ask:
-    """The job's first request, for its preflight to send once every check passed. Taken
-    as sent from now on: the scheduler's grant may come before the preflight's result."""
-    slot = ctx.slot
-    ask = next_ask(ctx)
     slot.seq, slot.asked, slot.asked_at = ask.seq, True, workflow.now()
     return ask
 
 
 def asked_ahead(ctx: JobContext, sent: bool) -> None:
-    """The preflight's word on the request :func:`ask_ahead` gave it. Not sent (no scheduler
-    here, or the send failed): :func:`take` asks itself, with the next number (a request
-    that landed after all is replaced by it)."""
+    """The preflight's word on the job's first request (:func:`new_request`), which it was
+    to send once every check passed. Not sent (no scheduler here, or the send failed):
+    :func:`take` asks itself, with the next number (a request that landed after all is
+    replaced by it)."""
     slot = ctx.slot
     if not sent and not slot.held:
         slot.asked, slot.asked_at = False, None
