@@ -113,7 +113,7 @@ def steal_pct(before: list[int] | None, after: list[int] | None) -> float | None
 def pace_ms(rounds: int = 5) -> float:
     """Milliseconds this machine takes for a fixed piece of pure-Python work (the best of
     ``rounds``): its pace at the moment. Runs of the same code on this virtual machine moved
-    by a third within an hour with nothing stolen (the plane's CPU per job, for the same
+    by a quarter within an hour with nothing stolen (the plane's CPU per job, for the same
     work, 0.26 s and 0.35 s): comparing two runs means comparing their paces too."""
     best = float("inf")
     for _ in range(rounds):

@@ -986,21 +986,20 @@ def jobs_per_minute(closes: list[float], end_s: float, slots: int) -> dict[str, 
     latency at the start). None where the window holds no completion."""
     closes = sorted(closes)
 
-    def rate(first: int) -> float | None:
-        if len(closes) - first < 2 or closes[-1] <= closes[first]:
+    def rate(lo: int, hi: int) -> float | None:
+        """Completions after the ``lo``-th up to the ``hi``-th (0-based), per minute."""
+        if hi <= lo or closes[hi] <= closes[lo]:
             return None
-        return round((len(closes) - 1 - first) / ((closes[-1] - closes[first]) / 60), 1)
+        return round((hi - lo) / ((closes[hi] - closes[lo]) / 60), 1)
 
-    # The last wave: after the (N - slots)-th completion no job is left to start, and the
-    # last jobs run on a machine with fewer and fewer others (a quarter of N = 20's window).
-    full = None
-    lo, hi = max(0, slots - 1), len(closes) - slots - 1
-    if hi > lo and closes[hi] > closes[lo]:
-        full = round((hi - lo) / ((closes[hi] - closes[lo]) / 60), 1)
+    last, first_wave = len(closes) - 1, max(0, slots - 1)
     return {
-        "steady": rate(max(0, slots - 1)),
-        "full_pipeline": full,
-        "first_to_last": rate(0),
+        "steady": rate(first_wave, last),
+        # The last wave: after the (N - slots)-th completion no job is left to start, and
+        # the last jobs run on a machine with fewer and fewer others (a quarter of N = 20's
+        # window).
+        "full_pipeline": rate(first_wave, len(closes) - slots - 1),
+        "first_to_last": rate(0, last),
         "overall": round(len(closes) / (end_s / 60), 1) if end_s > 0 else None,
     }
 
@@ -1268,9 +1267,10 @@ METHOD = {
     "from t0 to the end of the run (/proc/stat's steal counter): on a virtual machine a run "
     "with much of it stolen is slower for reasons outside the stack",
     "closes_s": "every completion's close time, seconds from t0, ascending",
-    "machine_pace_ms": "before and after the run (the stack up and idle), the milliseconds this machine took for a fixed piece of pure-Python work "
-    "(common.pace_ms, the best of 5): its pace then, to compare runs made at different "
-    "times on a machine whose pace drifts",
+    "machine_pace_ms": "before and after the run (the stack up and idle), the milliseconds "
+    "this machine took for a fixed piece of pure-Python work (common.pace_ms, the best of "
+    "5): its pace then, to compare runs made at different times on a machine whose pace "
+    "drifts",
 }
 
 
