@@ -3,11 +3,11 @@ long-lived workflow (id ``shepherd-scheduler-<backend>``).
 
 Jobs ask for a slot (``asks``, sent by the job's preflight or its ``ask_for_slot`` activity,
 which start the scheduler with its seed the first time), give it back (``release``) and say
-when they have checkpointed (``checkpointed``); the scheduler decides (shepherd/scheduling.py: priority,
-quotas, borrowing, preemption) and tells them: ``slot_granted`` to a job admitted,
-``make_way`` to a job that must give its slot to a more urgent one. Operators read its state
-(``state``, ``where``) and change its queues and capacity while jobs run (updates ``configure``
-and ``set_capacity``, validated).
+when they have checkpointed (``checkpointed``); the scheduler decides
+(shepherd/scheduling.py: priority, quotas, borrowing, preemption) and tells them:
+``slot_granted`` to a job admitted, ``make_way`` to a job that must give its slot to a more
+urgent one. Operators read its state (``state``, ``where``) and change its queues and
+capacity while jobs run (updates ``configure`` and ``set_capacity``, validated).
 
 Why one workflow per backend: its state (who holds, who waits, in what order) survives any
 worker's death by construction, every decision is made once and recorded (no slot granted

@@ -259,17 +259,27 @@ async def test_a_queue_borrows_idle_quota_and_gives_it_back_without_losing_a_ste
     assert state.preemptions == {"reclaim": 1} and state.holders == {}
 
 
+async def holding(stack: Stack, backend: str, job_id: str, timeout: float = 30) -> None:
+    """Until the scheduler holds a slot for ``job_id``."""
+    async with asyncio.timeout(timeout):
+        while job_id not in (await scheduler(stack, backend)).holders:
+            await asyncio.sleep(0.1)
+
+
+async def all_given_back(stack: Stack, backend: str, timeout: float = 30) -> None:
+    """Until the scheduler holds no slot for anyone."""
+    async with asyncio.timeout(timeout):
+        while (await scheduler(stack, backend)).holders:
+            await asyncio.sleep(0.1)
+
+
 @pytest.mark.capacity(slots=1)
 async def test_every_ending_gives_the_slot_back(sched: Stack, backend: str) -> None:
     async def held_by(handle: WorkflowHandle[Any, Any]) -> None:
-        async with asyncio.timeout(60):
-            while handle.id not in (await scheduler(sched, backend)).holders:
-                await asyncio.sleep(0.1)
+        await holding(sched, backend, handle.id, timeout=60)
 
     async def free() -> None:
-        async with asyncio.timeout(30):
-            while (await scheduler(sched, backend)).holders:
-                await asyncio.sleep(0.1)
+        await all_given_back(sched, backend)
 
     # Completed.
     done = await sched.start(job(sched, "done", backend, steps=5, priority=2))
@@ -354,12 +364,6 @@ async def signals(handle: WorkflowHandle[Any, Any]) -> list[str]:
     ]
 
 
-async def granted_to(stack: Stack, backend: str, job_id: str, timeout: float = 30) -> None:
-    async with asyncio.timeout(timeout):
-        while job_id not in (await scheduler(stack, backend)).holders:
-            await asyncio.sleep(0.05)
-
-
 @pytest.mark.capacity(slots=1)
 async def test_the_preflight_asks_and_a_grant_before_its_answer_is_kept(
     sched: Stack, backend: str, monkeypatch: pytest.MonkeyPatch
@@ -376,7 +380,7 @@ async def test_the_preflight_asks_and_a_grant_before_its_answer_is_kept(
         await original(self, client, tq, backend_, asks)
         sent.append([a.job for a in asks])
         for a in asks:  # the grant is signalled before this activity answers
-            await granted_to(sched, backend, a.job)
+            await holding(sched, backend, a.job)
             handle = sched.client.get_workflow_handle(a.job)
             async with asyncio.timeout(30):
                 while "slot_granted" not in await signals(handle):
@@ -400,9 +404,7 @@ async def test_the_preflight_asks_and_a_grant_before_its_answer_is_kept(
         or e.HasField("activity_task_completed_event_attributes")
     ]
     assert kinds.index("slot_granted") < kinds.index("completed"), kinds
-    async with asyncio.timeout(30):
-        while (await scheduler(sched, backend)).holders:
-            await asyncio.sleep(0.1)
+    await all_given_back(sched, backend)
 
 
 @pytest.mark.capacity(slots=1)
@@ -429,9 +431,7 @@ async def test_a_job_whose_preflight_could_not_ask_asks_itself(
     types = await activity_types(handle)
     assert types[0] == "preflight" and types.count("ask_for_slot") == 1, types
     assert types.index("ask_for_slot") < types.index("create_trainer"), types
-    async with asyncio.timeout(30):
-        while (await scheduler(sched, backend)).holders:
-            await asyncio.sleep(0.1)
+    await all_given_back(sched, backend)
 
 
 @pytest.mark.capacity(slots=3, queues={"a": QueueConfig(name="a", quota=1)})
