@@ -200,3 +200,31 @@ def test_throughput_is_split_at_the_intake_and_counted_by_minute() -> None:
     assert scale.window_rate([], 0.0, None) is None
     assert scale.by_minute(closes) == [2, 3, 1]
     assert scale.by_minute([]) == []
+
+
+def test_a_sandwich_runs_the_small_n_on_both_sides_of_the_large() -> None:
+    assert scale.run_order([20, 1000], [6, 1], sandwich=True) == [20] * 3 + [1000] + [20] * 3
+    assert scale.run_order([1000, 20], [1, 5], sandwich=True) == [20] * 3 + [1000] + [20] * 2
+    assert scale.run_order([20, 1000], [2, 2], sandwich=False) == [20, 20, 1000, 1000]
+    assert scale.run_order([20], [3], sandwich=True) == [20, 20, 20]
+
+    def run(steady: float) -> dict[str, Any]:
+        return {"jobs_per_min": {"steady": steady}}
+
+    order = [20, 20, 20, 1000, 20, 20, 20]
+    tries = [run(v) for v in (90.0, 80.0, 85.0, 70.0, 70.0, 75.0, 72.0)]
+    assert scale.drift(tries, [20, 1000], order) == {
+        "n": 20,
+        "steady_before": 85.0,
+        "steady_after": 72.0,
+    }
+    assert scale.drift(tries[:4], [20, 1000], order[:4]) is None  # nothing after
+
+
+def test_repeat_and_timeout_take_one_value_or_one_per_n() -> None:
+    args = scale.parse_args(["--n", "20,1000", "--repeat", "6,1", "--timeout", "300"])
+    assert args.repeat == [6, 1] and args.timeout == [300.0, 300.0]
+    assert scale.parse_args(["--n", "20,1000"]).repeat == [1, 1]
+    for bad in (["--repeat", "6,1,2"], ["--repeat", "0"], ["--repeat", "x"], ["--timeout", "-1"]):
+        with pytest.raises(SystemExit):
+            scale.parse_args(["--n", "20,1000", *bad])
