@@ -1373,6 +1373,8 @@ def median_run(tries: list[dict[str, Any]]) -> dict[str, Any]:
                 "drained": t["drained"],
                 "drained_s": t["drained_s"],
                 "ok": t["ok"],
+                "machine_pace_ms": t.get("machine_pace_ms"),
+                "cpu_steal_pct": t.get("cpu_steal_pct"),
                 "chosen": t is middle,
             }
             for t in tries
