@@ -144,9 +144,13 @@ def show_status(status: JobStatus) -> None:
         table.add_row(f"[dim]{key}[/dim]", value)
     console.print(table)
     for r in status.recoveries:
+        # A priority preemption says who the slot went to and why (the platform's own
+        # messages are in `shepherd logs`).
+        why = f": {escape(r.message)}" if r.reason == "priority" and r.message else ""
         console.print(
             f"  [dim]recovery {r.number}:[/dim] {r.reason} at step {r.at_step} -> step {r.resumed_from_step} "
-            f"({steps(r.steps_redone or 0)} redone, {r.duration_s or 0:.1f}s, {r.action})"
+            f"({steps(r.steps_redone or 0)} redone, {r.duration_s or 0:.1f}s, {r.action}){why}",
+            soft_wrap=True,
         )
     for notice in status.notices:
         console.print(f"  [yellow]notice:[/yellow] {notice}", soft_wrap=True)

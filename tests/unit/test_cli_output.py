@@ -49,6 +49,26 @@ def test_one_step_redone_is_one_step(capsys: object) -> None:
     assert "1 step redone" in out and "1 steps" not in out
 
 
+def test_a_priority_preemption_says_who_took_the_slot_and_why(capsys: object) -> None:
+    why = "made way for job-urgent: priority: job-urgent (priority 10) needs the slot"
+    record = RecoveryRecord(
+        number=1,
+        reason="priority",
+        platform_state="",
+        message=why,
+        at_step=40,
+        resumed_from_step=40,
+        steps_redone=0,
+        started_at=datetime.now(UTC),
+        action="requeue",
+    )
+    show_status(JobStatus(recoveries=[record]))
+    out = " ".join(capsys.readouterr().out.split())  # type: ignore[attr-defined]
+    assert (
+        f"recovery 1: priority at step 40 -> step 40 (0 steps redone, 0.0s, requeue): {why}" in out
+    )
+
+
 def test_what_a_job_retries_is_shown_as_the_platform_said_it(capsys: object) -> None:
     said = "save_checkpoint (attempt 3; next in 4s): [Errno 28] No space left on device"
     show_status(JobStatus(retrying=[said]))
