@@ -1340,6 +1340,7 @@ def targets(runs: dict[int, dict[str, Any]]) -> dict[str, Any]:
             "ratio": ratio("steady"),
             "met": bool(a and b) and a >= TARGET_JPM_RATIO * b,
             # The same ratio by the other two measures (see method.jobs_per_min).
+            "ratio_full_pipeline": ratio("full_pipeline"),
             "ratio_first_to_last": ratio("first_to_last"),
             "ratio_overall": ratio("overall"),
         }
@@ -1355,16 +1356,18 @@ def targets(runs: dict[int, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def steady_of(run: dict[str, Any]) -> float:
+    """A run's steady jobs/min (0 for one that did not drain)."""
+    return float((run["jobs_per_min"] or {}).get("steady") or 0.0)
+
+
 def median_run(tries: list[dict[str, Any]]) -> dict[str, Any]:
     """Of several runs of one N, the one with the median steady jobs/min (the lower middle
     of an even count; a run that did not drain counts as 0), carrying every run's
     throughput and checks under ``repeats``. How much of two cores the emulated GPUs get
     moves a small N by a fifth from run to run: one run is a coin toss for the ratio."""
 
-    def steady(run: dict[str, Any]) -> float:
-        return float((run["jobs_per_min"] or {}).get("steady") or 0.0)
-
-    middle = sorted(tries, key=steady)[(len(tries) - 1) // 2]
+    middle = sorted(tries, key=steady_of)[(len(tries) - 1) // 2]
     chosen = dict(middle)
     if len(tries) > 1:
         chosen["repeats"] = [
@@ -1405,10 +1408,8 @@ def drift(tries: list[dict[str, Any]], ns: list[int], order: list[int]) -> dict[
     split = [(i < first_other, t) for i, t in enumerate(tries) if order[i] == base]
 
     def med(side: bool) -> float | None:
-        vals = sorted(
-            float((t["jobs_per_min"] or {}).get("steady") or 0.0) for s, t in split if s is side
-        )
-        return vals[(len(vals) - 1) // 2] if vals else None
+        vals = sorted(steady_of(t) for s, t in split if s is side)
+        return vals[(len(vals) - 1) // 2] if vals else None  # (median_run's middle)
 
     return {"n": base, "steady_before": med(True), "steady_after": med(False)}
 
