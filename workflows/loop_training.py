@@ -198,17 +198,20 @@ class LoopTraining:
             # A cancel request surfaces here as the chunk's own cancellation (when we were
             # stopping the chunk anyway): it is the job's cancel, not a pause or a death.
             ctx.stop_if_cancelled()
-            # A cancel we asked for (the activity was between attempts, so no partial result).
+            # A cancel we asked for (no attempt was running, so no partial result).
             if is_cancelled_exception(err) and ctx.pause_requested:
-                # An attempt that timed out may still have reached the trainer (its worker
-                # was too busy to heartbeat): how far the model got, and which seq_ids it
-                # took, is unknown. The pause keeps no checkpoint of it (its save could reuse
+                # Temporal answers the cancel of an activity not running with
+                # ACTIVITY_ID_NOT_STARTED whether no attempt ever started or one is between
+                # attempts; and an attempt that timed out may still have reached the trainer
+                # (its worker too busy to heartbeat): how far the model got, and which seq_ids
+                # it took, is unknown. The pause keeps no checkpoint of it (its save could reuse
                 # a seq_id, or hold steps the job never counted): it resumes from the last.
                 self.position_unknown = True
                 raise PauseNow() from None
             if is_cancelled_exception(err) and died():
-                # Cancelled between attempts: the last attempt's heartbeat (carried by the
-                # cancellation) says how far the dead trainer got.
+                # Cancelled: a running attempt's cancellation carries its last heartbeat (how
+                # far the dead trainer got); one between attempts carries none (Temporal's
+                # ACTIVITY_ID_NOT_STARTED), and the recovery counts from the last chunk's end.
                 lost = ctx.death_event()
                 lost.applied_step = self._heartbeat_step(ctx, err)
                 raise lost from None
