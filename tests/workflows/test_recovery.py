@@ -75,7 +75,9 @@ async def test_trainer_deleted_behind_our_back_fails_fast_without_retries(stack:
     assert status.phase is Phase.FAILED and status.error is not None
     assert status.failures == 0 and status.preemptions == 0 and not status.recoveries
 
-    # No retry budget burned: no training chunk was ever retried.
+    # No retry budget burned: the chunk that met the deletion (the last) ran one attempt. An
+    # earlier chunk may have been retried for reasons of its own before the deletion (the
+    # full suite on a loaded machine had a first chunk at attempt 2).
     kinds: dict[int, str] = {}
     chunk_attempts = []
     async for e in handle.fetch_history_events():
@@ -85,7 +87,7 @@ async def test_trainer_deleted_behind_our_back_fails_fast_without_retries(stack:
             started = e.activity_task_started_event_attributes
             if kinds[started.scheduled_event_id] == "train_chunk":
                 chunk_attempts.append(started.attempt)
-    assert chunk_attempts and set(chunk_attempts) == {1}
+    assert chunk_attempts and chunk_attempts[-1] == 1, chunk_attempts
 
 
 async def test_control_plane_5xx_at_30_percent(stack: Stack, faults: PlaneAdmin) -> None:
