@@ -130,7 +130,7 @@ async def test_pause_and_resume_by_signal_from_the_temporal_cli(stack: Stack) ->
     paused = await stack.until(handle, lambda s: s.phase is Phase.PAUSED)
     if paused.paused_checkpoint is None:
         # Unless the chunk was between two attempts then (a step's call failed and its retry
-        # was due: a route race under load): Temporal cancels an activity not running at
+        # was due, as under load): Temporal cancels an activity not running at
         # once, saying only ACTIVITY_ID_NOT_STARTED, so the job cannot know how far the
         # last attempt got, keeps no pause checkpoint and resumes from its last checkpoint
         # (loop_training.position_unknown). Nothing else excuses a pause without one.
