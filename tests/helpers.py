@@ -17,6 +17,7 @@ from shepherd.states import JobState
 from tests.tinker_http import Model, TinkerHTTP
 
 if TYPE_CHECKING:
+    from localplane.admin import PlaneAdmin
     from tests.workflows.conftest import Stack
 
 BASE_MODEL = "accounts/fireworks/models/qwen3-8b"
@@ -126,6 +127,16 @@ async def running_trainer(account: Account, job_id: str, **request: Any) -> Trai
 async def train_steps(trainer: Trainer, first: int, last: int) -> list[float]:
     """Steps ``first..last`` on the trainer's model; the losses."""
     return await trainer.model.train(first, last)
+
+
+async def optimizer_steps(admin: PlaneAdmin) -> dict[str, int]:
+    """Optimizer steps each live trainer job has been asked for, by the plane's count."""
+    jobs = (await admin.stats())["jobs"]
+    return {
+        name: int(job.get("dataPlane", {}).get("json:optim_step", 0))
+        for name, job in jobs.items()
+        if job.get("liveTrainer")
+    }
 
 
 async def delete_all_jobs(client: PlatformClient) -> None:

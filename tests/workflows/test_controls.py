@@ -15,7 +15,7 @@ from shepherd import binaries
 from shepherd.models import JobStatus, PauseRequest, PauseResult, ResumeRequest
 from shepherd.phases import Phase
 from shepherd.states import JobState
-from tests.helpers import wait_state
+from tests.helpers import optimizer_steps, wait_state
 from tests.workflows.conftest import Stack
 from tests.workflows.test_recovery import SLOW, model_digest
 
@@ -67,12 +67,6 @@ async def test_resume_is_refused_when_not_paused(stack: Stack) -> None:
     await handle.cancel()
 
 
-async def optim_steps(stack: Stack, trainer_job_id: str) -> int:
-    """Optimizer steps the plane's trainer for this job has been asked for (any dialect)."""
-    job = (await stack.admin.stats())["jobs"].get(stack.job_name(trainer_job_id), {})
-    return sum(v for k, v in job.get("dataPlane", {}).items() if k.endswith(":optim_step"))
-
-
 async def chunk_cancelled_while_not_running(handle: WorkflowHandle[Any, Any]) -> bool:
     """A training chunk of this job was cancelled while none of its attempts ran."""
     scheduled: dict[int, str] = {}
@@ -101,7 +95,7 @@ async def test_pause_and_resume_by_signal_from_the_temporal_cli(stack: Stack) ->
     # stops a running chunk at a step and takes its checkpoint there.
     trainer = training.trainer_job_id or ""
     for _ in range(300):
-        if await optim_steps(stack, trainer) >= 1:
+        if (await optimizer_steps(stack.admin)).get(stack.job_name(trainer), 0) >= 1:
             break
         await asyncio.sleep(0.05)
     else:

@@ -27,7 +27,7 @@ from shepherd.platform import PlatformClient
 from shepherd.states import JobState
 from shepherd.temporal import SERVER_CALL_RETRY, TemporalSettings, connect
 from tests.conftest import BASELINE
-from tests.helpers import Account
+from tests.helpers import Account, optimizer_steps
 from tests.replay import replay_since
 from tests.workflows.conftest import Stack, make_registry, open_stack, stack_on, worker_for
 from tests.workflows.test_programs import per_step, printed, program_starts, sft_spec, until_printed
@@ -238,13 +238,3 @@ async def test_a_worker_cut_from_both_is_replaced_and_its_stale_calls_change_not
             host.heal()  # (a failed test may leave it cut: both must stop cleanly)
             await asyncio.to_thread(plane.stop)
             await asyncio.to_thread(server.stop)
-
-
-async def optimizer_steps(admin: PlaneAdmin) -> dict[str, int]:
-    """Optimizer steps each trainer job has been asked for, by the plane's count."""
-    jobs = (await admin.stats())["jobs"]
-    return {
-        name: int(job.get("dataPlane", {}).get("json:optim_step", 0))
-        for name, job in jobs.items()
-        if job.get("liveTrainer")
-    }
